@@ -1,0 +1,11 @@
+"""Helpers for the "Scaling Deep Learning on Spark" course.
+
+Every lesson's real work lives here, one module per concern; the notebooks in ``solutions/`` and ``lessons/``
+import from it and stay short.
+"""
+
+__all__ = ["CourseInputError"]
+
+
+class CourseInputError(ValueError):
+    """Bad input from a user of the course: the message is one line that says what is wrong and what to do."""

