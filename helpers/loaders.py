@@ -1,0 +1,236 @@
+"""From the lake to PyTorch: stratified split, repartitioning, Petastorm converters, transforms and loaders.
+
+Petastorm sits between Spark and PyTorch: ``make_spark_converter`` materialises a DataFrame once as Parquet in
+a cache folder, and ``make_torch_dataloader`` streams it back as tensors, each worker reading its own shard
+(``cur_shard``/``shard_count``) of the Parquet row groups.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from helpers import CourseInputError
+from helpers.data import resolve_data_dir
+from helpers.lake import default_table_path, ingest_images, read_table
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+TRAIN_COLUMNS = ["row_id", "content", "label_index"]
+
+warnings.filterwarnings("ignore", category=FutureWarning, module="petastorm")
+# Petastorm logs advice about small Parquet files at WARNING; the course's data sets are small on purpose.
+logging.getLogger("petastorm").setLevel(logging.ERROR)
+
+
+def stratified_split(df, val_fraction: float = 0.2, seed: int = 0):
+    """Split a lake DataFrame into (train, validation), class by class.
+
+    In every class of n images, ``round(n * val_fraction)`` go to validation, at least one and at most n - 1, so
+    every class is in both splits and each class's proportion is within one image of exact. Which images go where
+    is a deterministic function of ``seed`` and the image path.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    if not 0.0 < val_fraction < 1.0:
+        raise CourseInputError(f"val_fraction={val_fraction} must be between 0 and 1 (exclusive), e.g. 0.2.")
+    by_class = Window.partitionBy("label_index")
+    ranked = (
+        df.withColumn("_key", F.xxhash64("path", F.lit(seed)))
+        .withColumn("_rank", F.row_number().over(by_class.orderBy("_key", "path")))
+        .withColumn("_n", F.count(F.lit(1)).over(by_class))
+        .withColumn("_n_val", F.least(F.greatest(F.round(F.col("_n") * val_fraction), F.lit(1)), F.col("_n") - 1))
+    )
+    is_val = F.col("_rank") <= F.col("_n_val")
+    helper_columns = ["_key", "_rank", "_n", "_n_val"]
+    return ranked.where(~is_val).drop(*helper_columns), ranked.where(is_val).drop(*helper_columns)
+
+
+def partitions_for(num_devices: int) -> int:
+    """How many partitions a split needs so that every device gets work: two per device."""
+    if not isinstance(num_devices, int) or num_devices < 1:
+        raise CourseInputError(f"num_devices={num_devices!r} must be a whole number >= 1 (one per GPU or process).")
+    return 2 * num_devices
+
+
+@dataclass
+class PreparedData:
+    """What ``prepare_data`` returns; unpacks as ``df, train_converter, val_converter, class_names``."""
+
+    df: Any
+    train_converter: Any
+    val_converter: Any
+    class_names: list[str]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.df, self.train_converter, self.val_converter, self.class_names))
+
+
+def prepare_data(
+    data_dir: str | os.PathLike | None,
+    num_devices: int = 1,
+    val_fraction: float = 0.2,
+    seed: int = 0,
+    *,
+    spark=None,
+    table_path: str | os.PathLike | None = None,
+    refresh: bool = False,
+) -> PreparedData:
+    """Lake table -> stratified split -> ``2 x num_devices`` partitions each -> Petastorm converters.
+
+    ``data_dir`` None means the embedded digits. The Delta table for the folder is ingested on first use (or when
+    ``refresh``) and read through its current snapshot afterwards. Returns ``(df, train_converter, val_converter,
+    class_names)``, where ``df`` is the lake DataFrame with a ``row_id`` column.
+    """
+    from petastorm.spark import make_spark_converter
+    from pyspark.sql import functions as F
+
+    from helpers.spark import get_spark
+
+    partitions = partitions_for(num_devices)
+    spark = spark or get_spark()
+    folder = resolve_data_dir(data_dir)
+    path = Path(table_path) if table_path else default_table_path(folder)
+    if refresh or not (path / "_delta_log").exists():
+        ingest_images(spark, folder, path)
+    df = read_table(spark, path).withColumn("row_id", F.xxhash64("path"))
+    class_names = [r["label"] for r in df.select("label", "label_index").distinct().orderBy("label_index").collect()]
+    train_df, val_df = stratified_split(df, val_fraction, seed)
+    train_rows = train_df.count()
+    if train_rows < num_devices:
+        raise CourseInputError(
+            f"num_devices={num_devices} is more than the {train_rows} training images: use fewer devices or more data."
+        )
+    train_converter = make_spark_converter(train_df.select(TRAIN_COLUMNS).repartition(partitions))
+    val_converter = make_spark_converter(val_df.select(TRAIN_COLUMNS).repartition(partitions))
+    return PreparedData(df, train_converter, val_converter, class_names)
+
+
+def decode_image(content: bytes, image_size: int) -> np.ndarray:
+    """Decode one encoded image into a float32 CHW array: RGB, resized and centre-cropped, ImageNet-normalised.
+
+    The shorter side is resized to ``image_size * 256 / 224`` and the centre ``image_size`` square kept, the
+    recipe used for ImageNet models (256 then 224).
+    """
+    from PIL import Image
+
+    with Image.open(io.BytesIO(content)) as image:
+        rgb = image.convert("RGB")
+    resize_to = round(image_size * 256 / 224)
+    width, height = rgb.size
+    scale = resize_to / min(width, height)
+    rgb = rgb.resize((max(resize_to, round(width * scale)), max(resize_to, round(height * scale))), Image.BILINEAR)
+    left = (rgb.width - image_size) // 2
+    top = (rgb.height - image_size) // 2
+    rgb = rgb.crop((left, top, left + image_size, top + image_size))
+    pixels = np.asarray(rgb, dtype=np.float32) / 255.0
+    normalised = (pixels - np.array(IMAGENET_MEAN, np.float32)) / np.array(IMAGENET_STD, np.float32)
+    return normalised.transpose(2, 0, 1).copy()
+
+
+def image_transform_spec(image_size: int = 32):
+    """A Petastorm TransformSpec: ``content`` bytes -> ``features`` float32 (3, image_size, image_size).
+
+    The batch keeps ``features`` and ``label_index`` (and ``row_id``, which identifies rows across shards).
+    """
+    from petastorm import TransformSpec
+
+    if not isinstance(image_size, int) or image_size < 8:
+        raise CourseInputError(f"image_size={image_size!r} must be a whole number >= 8 (e.g. 32 or 224).")
+
+    def transform(pdf: pd.DataFrame) -> pd.DataFrame:
+        out = pdf[["row_id", "label_index"]].copy()
+        out["label_index"] = out["label_index"].astype(np.int64)
+        out["features"] = [decode_image(c, image_size) for c in pdf["content"]]
+        return out
+
+    return TransformSpec(
+        transform,
+        edit_fields=[
+            ("features", np.float32, (3, image_size, image_size), False),
+            ("label_index", np.int64, (), False),
+        ],
+        selected_fields=["features", "label_index", "row_id"],
+    )
+
+
+def make_loader(
+    converter,
+    batch_size: int = 64,
+    image_size: int = 32,
+    cur_shard: int = 0,
+    shard_count: int = 1,
+    num_epochs: int | None = 1,
+    shuffle: bool = False,
+    workers_count: int = 2,
+):
+    """Context manager for a PyTorch DataLoader over one shard of a converter (Petastorm ``make_torch_dataloader``).
+
+    Batches are dicts: ``features`` (float32 N x 3 x S x S), ``label_index`` (int64 N), ``row_id`` (int64 N).
+    """
+    if not 0 <= cur_shard < shard_count:
+        raise CourseInputError(f"cur_shard={cur_shard} must be in 0..shard_count-1 (shard_count={shard_count}).")
+    if batch_size < 1:
+        raise CourseInputError(f"batch_size={batch_size} must be >= 1.")
+    return converter.make_torch_dataloader(
+        batch_size=batch_size,
+        num_epochs=num_epochs,
+        cur_shard=cur_shard,
+        shard_count=shard_count,
+        transform_spec=image_transform_spec(image_size),
+        workers_count=workers_count,
+        shuffling_queue_capacity=4 * batch_size if shuffle else 0,
+        seed=0 if shuffle else None,
+        shuffle_row_groups=shuffle,
+    )
+
+
+class PetastormBatches:
+    """Batches for Lightning from one Petastorm shard, without the reader-reset error.
+
+    With ``steps_per_epoch`` set (training), one reader with ``num_epochs=None`` stays open across epochs and each
+    iteration yields exactly that many batches, so every rank runs the same number of steps. Without it
+    (validation), each iteration opens a fresh reader with ``num_epochs=1``: one full pass over the shard.
+    Call ``close()`` when done (the DataModule does it in ``teardown``).
+    """
+
+    def __init__(self, converter, batch_size: int, image_size: int, cur_shard: int = 0, shard_count: int = 1,
+                 steps_per_epoch: int | None = None, shuffle: bool = False, workers_count: int = 2) -> None:
+        self._loader_args = dict(converter=converter, batch_size=batch_size, image_size=image_size,
+                                 cur_shard=cur_shard, shard_count=shard_count, shuffle=shuffle,
+                                 workers_count=workers_count)
+        self.steps_per_epoch = steps_per_epoch
+        self._context = None
+        self._iterator: Iterator[dict] | None = None
+
+    def __len__(self) -> int:
+        if self.steps_per_epoch is None:
+            raise TypeError("a full-pass PetastormBatches has no fixed length")
+        return self.steps_per_epoch
+
+    def __iter__(self) -> Iterator[dict]:
+        if self.steps_per_epoch is None:
+            with make_loader(num_epochs=1, **self._loader_args) as loader:
+                yield from loader
+            return
+        if self._iterator is None:
+            self._context = make_loader(num_epochs=None, **self._loader_args)
+            self._iterator = iter(self._context.__enter__())
+        for _ in range(self.steps_per_epoch):
+            yield next(self._iterator)
+
+    def close(self) -> None:
+        """Stop the persistent reader, if one is open."""
+        if self._context is not None:
+            self._context.__exit__(None, None, None)
+        self._context, self._iterator = None, None
