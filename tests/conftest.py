@@ -1,0 +1,38 @@
+"""Shared fixtures: a throw-away work directory for the whole run, a local SparkSession, image folders."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Everything the course writes goes under COURSE_WORK_DIR: point it at a temporary folder before any helper runs,
+# so the test suite never writes into the repository's work/.
+_SESSION_WORK = Path(tempfile.mkdtemp(prefix="course-tests-"))
+os.environ["COURSE_WORK_DIR"] = str(_SESSION_WORK)
+
+
+@pytest.fixture(scope="session")
+def session_work_dir() -> Path:
+    """The work directory shared by the whole test run."""
+    return _SESSION_WORK
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local SparkSession (2 cores) for the whole run."""
+    from helpers.spark import get_spark
+
+    session = get_spark(cores=2)
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def digits_dir(session_work_dir: Path) -> Path:
+    """The embedded default data set, written once."""
+    from helpers.data import embedded_digits
+
+    return embedded_digits(session_work_dir)

@@ -1,0 +1,114 @@
+"""Split, repartition, Petastorm converters, the TransformSpec, shards and the Lightning-friendly loader."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import CourseInputError
+from helpers.lake import ingest_images, read_table
+from helpers.loaders import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    PetastormBatches,
+    decode_image,
+    make_loader,
+    partitions_for,
+    prepare_data,
+    stratified_split,
+)
+from tests.image_folders import make_image_folder
+
+
+@pytest.fixture(scope="module")
+def digits_data(spark, digits_dir):
+    return prepare_data(digits_dir, num_devices=2, val_fraction=0.2, seed=3, spark=spark)
+
+
+def test_stratified_split_keeps_every_class_in_both_within_one_image(spark, digits_data):
+    df = digits_data.df
+    train, val = stratified_split(df, 0.2, seed=3)
+    totals = Counter(r.label for r in df.select("label").collect())
+    in_val = Counter(r.label for r in val.select("label").collect())
+    in_train = Counter(r.label for r in train.select("label").collect())
+    assert set(in_val) == set(in_train) == set(totals)
+    for label, n in totals.items():
+        assert abs(in_val[label] - 0.2 * n) <= 1
+        assert in_val[label] + in_train[label] == n
+    train_paths = {r.path for r in train.select("path").collect()}
+    val_paths = {r.path for r in val.select("path").collect()}
+    assert not train_paths & val_paths
+    # The same seed gives the same split; another seed a different one.
+    assert {r.path for r in stratified_split(df, 0.2, seed=3)[1].select("path").collect()} == val_paths
+    assert {r.path for r in stratified_split(df, 0.2, seed=4)[1].select("path").collect()} != val_paths
+
+
+def test_tiny_classes_still_appear_in_both_splits(spark, tmp_path: Path):
+    folder = make_image_folder(tmp_path / "imgs", {"a": 2, "b": 9})
+    ingest_images(spark, folder, tmp_path / "t")
+    train, val = stratified_split(read_table(spark, tmp_path / "t"), 0.1)
+    assert {r.label for r in val.collect()} == {r.label for r in train.collect()} == {"a", "b"}
+
+
+def test_converters_have_two_partitions_per_device(digits_data):
+    assert len(digits_data.train_converter.file_urls) >= partitions_for(2) == 4
+    assert len(digits_data.val_converter.file_urls) >= 4
+    assert len(digits_data.train_converter) + len(digits_data.val_converter) == 1797
+    assert digits_data.class_names == [f"digit_{i}" for i in range(10)]
+
+
+@pytest.mark.parametrize("num_devices", [0, -1, 1.5])
+def test_bad_device_counts_are_refused(num_devices):
+    with pytest.raises(CourseInputError, match="num_devices"):
+        partitions_for(num_devices)
+
+
+def test_more_devices_than_rows_is_a_clear_error(spark, tmp_path: Path):
+    folder = make_image_folder(tmp_path / "imgs", {"a": 3, "b": 3})
+    with pytest.raises(CourseInputError, match="more than the 4 training images"):
+        prepare_data(folder, num_devices=5, spark=spark, table_path=tmp_path / "t")
+
+
+def test_decode_image_shape_dtype_and_normalisation(tmp_path: Path):
+    folder = make_image_folder(tmp_path, {"g": 1}, size=(13, 40), fmt="PNG", mode="L")
+    array = decode_image((folder / "g" / "img_000.png").read_bytes(), image_size=24)
+    assert array.shape == (3, 24, 24) and array.dtype == np.float32
+    low = (0 - np.array(IMAGENET_MEAN)) / np.array(IMAGENET_STD)
+    high = (1 - np.array(IMAGENET_MEAN)) / np.array(IMAGENET_STD)
+    assert (array.min(axis=(1, 2)) >= low - 1e-5).all() and (array.max(axis=(1, 2)) <= high + 1e-5).all()
+
+
+def test_two_shards_are_disjoint_and_complete(digits_data):
+    seen = []
+    for shard in range(2):
+        with make_loader(digits_data.train_converter, batch_size=100, image_size=16, cur_shard=shard,
+                         shard_count=2) as loader:
+            batches = list(loader)
+        ids = torch.cat([b["row_id"] for b in batches]).tolist()
+        assert ids, f"shard {shard} is empty"
+        assert batches[0]["features"].shape[1:] == (3, 16, 16)
+        assert batches[0]["label_index"].dtype == torch.int64
+        seen.append(set(ids))
+    assert not seen[0] & seen[1]
+    assert len(seen[0] | seen[1]) == len(digits_data.train_converter)
+
+
+def test_fixed_steps_per_epoch_survive_many_epochs(digits_data):
+    batches = PetastormBatches(digits_data.train_converter, batch_size=64, image_size=16, steps_per_epoch=30,
+                               shuffle=True)
+    try:
+        counts = [sum(1 for _ in batches) for _ in range(3)]  # 30 x 64 > 1438 rows: crosses the data's end
+    finally:
+        batches.close()
+    assert counts == [30, 30, 30] and len(batches) == 30
+
+
+def test_full_pass_validation_reads_each_row_once_per_epoch(digits_data):
+    batches = PetastormBatches(digits_data.val_converter, batch_size=50, image_size=16)
+    for _ in range(2):
+        ids = torch.cat([b["row_id"] for b in batches]).tolist()
+        assert sorted(ids) == sorted(set(ids)) and len(ids) == len(digits_data.val_converter)
