@@ -28,3 +28,11 @@ def work_path(*parts: str, override: str | os.PathLike | None = None) -> Path:
     path = work_dir(override).joinpath(*parts)
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def use_work_dir(override: str | os.PathLike | None = None) -> Path:
+    """Make ``override`` (a notebook's ``WORK_DIR`` parameter, if not None) the work directory for this process
+    and the processes it starts (Spark workers, Horovod ranks), and return the work directory in use."""
+    if override:
+        os.environ[ENV_VAR] = str(Path(override).expanduser().resolve())
+    return work_dir()

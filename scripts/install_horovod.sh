@@ -9,10 +9,10 @@
 set -euo pipefail
 
 PYTHON=${PYTHON:-.venv/bin/python}
-HOROVOD_VERSION=0.28.1
 GPU=${GPU:-0}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+HOROVOD_VERSION=$(sed -n 's/^# build: horovod==//p' requirements.txt)
 
 torch_version=$("$PYTHON" -c 'import torch; print(torch.__version__.replace("+", "_"))')
 variant=$([ "$GPU" = 1 ] && echo nccl || echo cpu)

@@ -1,0 +1,51 @@
+# One-command set-up for the course. `make course` for attendees, `make test` for CI (see README.md).
+SHELL := /bin/bash
+PY := .venv/bin/python
+SETUP_DONE := .venv/.setup-done
+GPU ?= 0
+NOTEBOOKS := $(wildcard solutions/[0-9][0-9]_*.ipynb)
+
+.PHONY: setup course test lessons lab mlflow bench clean
+
+setup: $(SETUP_DONE)
+
+# Re-runs only when the pins, the package metadata or the Horovod build script change: seconds otherwise.
+$(SETUP_DONE): requirements.txt pyproject.toml scripts/install_horovod.sh
+	@command -v java >/dev/null || [ -n "$$JAVA_HOME" ] || echo "note: no Java found; Spark needs Java 17 (see README, Troubleshooting)"
+	test -x $(PY) || python3.11 -m venv .venv || python3 -m venv .venv
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	GPU=$(GPU) PYTHON=$(PY) scripts/install_horovod.sh
+	$(PY) -m ipykernel install --sys-prefix --name scaling-dl-spark --display-name "Scaling DL on Spark" >/dev/null
+	touch $@
+
+# Executes every solution notebook on the embedded data into build/ (the environment check first).
+course: setup
+	@mkdir -p build
+	@for nb in $(NOTEBOOKS); do \
+	  echo "== $$nb"; \
+	  $(PY) -m papermill --kernel python3 --log-level WARNING "$$nb" "build/$$(basename $$nb)" || exit 1; \
+	done
+	@echo "Executed notebooks are in build/."
+
+test: setup
+	$(PY) -m helpers.course build --check
+	$(PY) -m pytest -q
+
+lessons: setup
+	$(PY) -m helpers.course build
+
+lab: setup
+	$(PY) -m jupyter lab --ip 127.0.0.1 --no-browser --notebook-dir .
+
+mlflow: setup
+	$(PY) -m mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri "$$($(PY) -c 'from helpers.tracking import tracking_uri; print(tracking_uri())')"
+
+bench: setup
+	$(PY) -m benchmarks
+
+# Removes build outputs and caches; keeps work/ (your lake tables, checkpoints and MLflow runs).
+clean:
+	rm -rf build work/petastorm_cache .cache/horovod-build.log .pytest_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
