@@ -1,0 +1,95 @@
+"""MLflow for the course: where runs are stored, the experiment, loading registered models, metric histories.
+
+Offline (a laptop, CI) everything goes to a SQLite store under the work directory,
+``<work_dir>/mlflow/mlflow.db``, with artifacts in ``<work_dir>/mlflow/artifacts``. On a cluster pass the
+workspace's URI (``"databricks"``, ``"http://host:5000"``): it is used as given.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from urllib.parse import urlparse
+
+import mlflow
+from mlflow.tracking import MlflowClient
+from torch import nn
+
+from helpers import CourseInputError
+from helpers.workdir import work_path
+
+# Schema migrations and store set-up log at INFO on every new process: not useful in a notebook.
+for _name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
+
+
+def tracking_uri(uri: str | None = None) -> str:
+    """The MLflow tracking URI to use: ``uri`` as given, or the local SQLite store under the work directory."""
+    if uri:
+        return uri
+    return f"sqlite:///{work_path('mlflow', 'mlflow.db')}"
+
+
+def _is_local_store(uri: str) -> bool:
+    """True for stores on this file system (SQLite, plain paths), whose artifacts the course places itself."""
+    return urlparse(uri).scheme in ("", "file", "sqlite")
+
+
+def _resolve_uri(uri: str | None) -> str:
+    """``uri`` if given, else the URI set earlier in this process (``setup_mlflow``), else the course default."""
+    if uri is None and mlflow.is_tracking_uri_set():
+        return mlflow.get_tracking_uri()
+    return tracking_uri(uri)
+
+
+def setup_mlflow(experiment: str, uri: str | None = None) -> str:
+    """Point MLflow at ``tracking_uri(uri)`` and make ``experiment`` the active experiment; return its id.
+
+    The experiment is created if needed (restored if it was deleted). On a local store its artifacts go to
+    ``<work_dir>/mlflow/artifacts/<experiment>``, never to ``./mlruns`` in the current directory.
+    """
+    if not experiment or not experiment.strip():
+        raise CourseInputError("experiment is empty: pass an experiment name such as 'lesson2-digits'.")
+    resolved = tracking_uri(uri)
+    mlflow.set_tracking_uri(resolved)
+    client = MlflowClient(resolved)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        artifact_location = None
+        if _is_local_store(resolved):
+            folder = re.sub(r"[^A-Za-z0-9._-]+", "_", experiment).strip("_") or "experiment"
+            artifact_location = work_path("mlflow", "artifacts", folder).as_uri()
+        experiment_id = client.create_experiment(experiment, artifact_location=artifact_location)
+    else:
+        experiment_id = found.experiment_id
+        if found.lifecycle_stage == "deleted":
+            client.restore_experiment(experiment_id)
+    mlflow.set_experiment(experiment_id=experiment_id)
+    return experiment_id
+
+
+def load_registered_model(name: str, version: str | int = "latest", uri: str | None = None) -> nn.Module:
+    """Load version ``version`` (a number or ``"latest"``) of registered model ``name`` as a torch module.
+
+    The module maps images (N x 3 x H x W, float32) to class logits: ``model(features).argmax(dim=1)``.
+    ``uri`` defaults to the store set by ``setup_mlflow`` in this process, else the course's local store.
+    """
+    resolved = _resolve_uri(uri)
+    mlflow.set_tracking_uri(resolved)
+    versions = MlflowClient(resolved).search_model_versions(f"name = '{name}'")
+    if not versions:
+        raise CourseInputError(
+            f"registered model {name!r} has no versions in {resolved}: train with train(..., mlflow_experiment=...) "
+            "first, or check the name and the tracking URI."
+        )
+    return mlflow.pytorch.load_model(f"models:/{name}/{version}")
+
+
+def metric_history(run_id: str, key: str, uri: str | None = None) -> list[tuple[int, float]]:
+    """The values of metric ``key`` logged in run ``run_id``, as ``(step, value)`` pairs sorted by step.
+
+    Training runs log their epoch metrics (``val_loss``, ``val_acc``, ``train_loss_epoch``) with the epoch
+    as the step, so the pairs are ready to plot.
+    """
+    history = MlflowClient(_resolve_uri(uri)).get_metric_history(run_id, key)
+    return sorted((metric.step, metric.value) for metric in history)

@@ -1,0 +1,174 @@
+"""Lesson 2 MLflow tracking: the store, one run per training with its params, the registry, failed runs.
+
+Real MLflow on a SQLite store in a temporary work directory, real Lightning trainings on digits.
+"""
+
+from __future__ import annotations
+
+import mlflow
+import pytest
+import pytorch_lightning as pl
+import torch
+from test_model_training import CLASS_COUNT, IMAGE_SIZE, DigitsDataModule
+from torch.utils.data import DataLoader
+
+from helpers import CourseInputError
+from helpers.model import LitClassificationModel
+from helpers.tracking import load_registered_model, metric_history, setup_mlflow, tracking_uri
+from helpers.training import train
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*does not have many workers")
+
+EXPERIMENT = "lesson2-digits"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One torch thread: on a shared 2-core machine, OpenMP threads competing with other processes stall."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    """One work directory (and so one MLflow store) for this module's trainings."""
+    return tmp_path_factory.mktemp("work")
+
+
+@pytest.fixture(autouse=True)
+def course_work_dir(work, monkeypatch):
+    monkeypatch.setenv("COURSE_WORK_DIR", str(work))
+
+
+@pytest.fixture(scope="module")
+def digits() -> DigitsDataModule:
+    return DigitsDataModule()
+
+
+@pytest.fixture(scope="module")
+def tracked(digits, work):
+    """One tracked training of 4 epochs, its result, and the experiment's runs right after it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COURSE_WORK_DIR", str(work))
+        pl.seed_everything(0, verbose=False)
+        model = LitClassificationModel(CLASS_COUNT, image_size=IMAGE_SIZE)
+        result = train(
+            model, digits, max_epochs=4, mlflow_experiment=EXPERIMENT, run_name="tracked",
+            registered_model_name="digits-classifier", extra_params={"dataset": "sklearn-digits"},
+            progress_bar=False,
+        )
+        runs = mlflow.search_runs(experiment_names=[EXPERIMENT], output_format="list")
+    return result, runs
+
+
+def runs_of(experiment: str) -> list:
+    return mlflow.search_runs(experiment_names=[experiment], output_format="list")
+
+
+def test_default_store_is_sqlite_under_the_work_dir(work):
+    assert tracking_uri() == f"sqlite:///{work / 'mlflow' / 'mlflow.db'}"
+    assert tracking_uri("databricks") == "databricks"
+    assert tracking_uri("http://mlflow.example:5000") == "http://mlflow.example:5000"
+
+
+def test_setup_mlflow_gets_or_creates_the_experiment(work):
+    experiment_id = setup_mlflow("setup-check")
+    assert setup_mlflow("setup-check") == experiment_id
+    experiment = mlflow.get_experiment(experiment_id)
+    assert experiment.name == "setup-check"
+    assert experiment.artifact_location == (work / "mlflow" / "artifacts" / "setup-check").as_uri()
+    assert mlflow.get_tracking_uri() == tracking_uri()
+
+
+def test_empty_experiment_name_is_rejected():
+    with pytest.raises(CourseInputError, match="experiment"):
+        setup_mlflow(" ")
+
+
+@pytest.mark.slow
+def test_one_finished_run_with_the_training_params(tracked):
+    result, runs = tracked
+    assert [run.info.run_id for run in runs] == [result.mlflow_run_id]
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "tracked"
+    params = run.data.params
+    expected = {
+        "learning_rate": "0.01", "batch_size": "64", "devices": "1", "world_size": "1", "max_epochs": "4",
+        "early_stopping_min_delta": "0.01", "early_stopping_patience": "10", "dataset": "sklearn-digits",
+    }
+    assert {key: params.get(key) for key in expected} == expected
+    assert run.data.metrics["wall_time_s"] == pytest.approx(result.wall_time_s)
+
+
+@pytest.mark.slow
+def test_epoch_metrics_are_logged_per_epoch(tracked):
+    result, _ = tracked
+    val_loss = metric_history(result.mlflow_run_id, "val_loss")
+    assert [step for step, _ in val_loss] == [0, 1, 2, 3]
+    assert val_loss[-1][1] < val_loss[0][1]
+    assert val_loss[-1][1] == pytest.approx(result.last_val_loss)
+    assert metric_history(result.mlflow_run_id, "val_acc")[-1][1] >= 0.9
+
+
+@pytest.mark.slow
+def test_registered_model_loads_back_and_predicts(tracked, digits):
+    result, _ = tracked
+    assert (result.registered_model_name, result.registered_model_version) == ("digits-classifier", "1")
+    for version in ("latest", 1):
+        network = load_registered_model("digits-classifier", version)
+        with torch.no_grad():
+            predicted = network(digits.val_x).argmax(dim=1)
+        assert (predicted == digits.val_y).float().mean() >= 0.9
+
+
+def test_unknown_registered_model_is_reported():
+    setup_mlflow("setup-check")
+    with pytest.raises(CourseInputError, match="no-such-model"):
+        load_registered_model("no-such-model")
+
+
+class BreaksInSecondEpoch:
+    """Train batches that fail early in the second epoch, like a data source that disappears mid-training."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.loader, self.batches_served = loader, 0
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        for batch in self.loader:
+            if self.batches_served == len(self.loader) + 2:
+                raise RuntimeError("the data source went away")
+            self.batches_served += 1
+            yield batch
+
+
+class BrokenDigits(DigitsDataModule):
+    def train_dataloader(self) -> BreaksInSecondEpoch:
+        return BreaksInSecondEpoch(super().train_dataloader())
+
+
+@pytest.mark.slow
+def test_failed_training_ends_its_run_failed_and_raises(tracked):
+    with pytest.raises(RuntimeError, match="data source went away"):
+        train(
+            LitClassificationModel(CLASS_COUNT, image_size=IMAGE_SIZE), BrokenDigits(), max_epochs=3,
+            mlflow_experiment="broken", progress_bar=False,
+        )
+    runs = runs_of("broken")
+    assert [run.info.status for run in runs] == ["FAILED"]
+    assert mlflow.active_run() is None
+    assert [step for step, _ in metric_history(runs[0].info.run_id, "val_loss")] == [0]
+
+
+@pytest.mark.slow
+def test_untracked_training_opens_no_run_even_after_autolog(tracked, digits):
+    before = len(mlflow.search_runs(search_all_experiments=True, output_format="list"))
+    result = train(LitClassificationModel(CLASS_COUNT, image_size=IMAGE_SIZE), digits, max_epochs=1, progress_bar=False)
+    assert result.mlflow_run_id is None
+    assert len(mlflow.search_runs(search_all_experiments=True, output_format="list")) == before
+
