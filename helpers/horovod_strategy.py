@@ -1,0 +1,273 @@
+"""``HorovodStrategy``: data-parallel training with Horovod for PyTorch Lightning 2.x.
+
+Lightning removed its Horovod strategy in 2.0. This one runs inside every process that ``HorovodRunner`` (or
+``horovodrun``) starts; each process builds its own ``Trainer`` with one device::
+
+    trainer = pl.Trainer(strategy=HorovodStrategy(), accelerator="cpu", devices=1)   # or accelerator="gpu"
+
+(``strategy="horovod"`` works too once this module is imported.) It applies the Horovod recipe:
+
+* ``hvd.init()`` in ``setup_environment``; ranks and world size come from Horovod; on GPU each process uses
+  ``cuda:<local rank>``;
+* the learning rate of every optimizer from ``configure_optimizers`` is multiplied by ``hvd.size()`` once
+  (``base_lrs`` and ``scaled_lrs`` keep both): do not scale it yourself as well (``scale_lr=False`` turns this
+  off, for runs that keep the global batch fixed);
+* the optimizers are wrapped in ``hvd.DistributedOptimizer`` (``backward_passes_per_step`` =
+  ``accumulate_grad_batches``), and the parameters and optimizer state are broadcast from rank 0;
+* ``reduce`` (``self.log(..., sync_dist=True)``), ``all_gather``, ``broadcast`` and ``barrier`` go through Horovod;
+* checkpoints and loggers act on rank 0 only.
+
+How gradients are averaged. Lightning calls ``optimizer.step(closure)`` and the closure runs the forward and
+backward passes *inside* the step. Horovod's ``DistributedOptimizer.step`` synchronizes the gradients *before*
+calling the inner step, that is before this backward pass has run, and the allreduces that the backward pass
+starts would then race with the update. So the strategy waits for the gradients itself, right after each backward
+pass (``optimizer.synchronize()``), and runs the step inside ``optimizer.skip_synchronize()``. Gradient clipping,
+which Lightning does after the backward pass, therefore clips the averaged gradients, the same on every rank.
+While Lightning accumulates gradients (``block_backward_sync``) nothing is synchronized; Horovod's hooks count
+the backward passes and allreduce on the last one.
+
+Limitations: ``group`` arguments are ignored (one global group); an LR scheduler keeps pointing at the optimizer
+from ``configure_optimizers``, which shares its parameter groups with the wrapped one, so schedules apply, but
+torch may warn once that ``lr_scheduler.step()`` came before ``optimizer.step()``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Generator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from lightning_fabric.utilities.distributed import ReduceOp
+from pytorch_lightning.core.optimizer import LightningOptimizer
+from pytorch_lightning.strategies import ParallelStrategy, StrategyRegistry
+from pytorch_lightning.trainer.states import TrainerFn
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
+from torch import Tensor
+from torch.optim import Optimizer
+
+__all__ = ["HorovodStrategy"]
+
+_SCALED_MARK = "_course_horovod_lr_scaled"
+
+
+def _hvd() -> Any:
+    """The ``horovod.torch`` module (imported on first use, so this module imports without Horovod)."""
+    import horovod.torch as hvd
+
+    return hvd
+
+
+def _env_int(name: str, default: int) -> int:
+    """An integer Horovod launch variable, for use before ``hvd.init()``."""
+    return int(os.environ.get(name, default))
+
+
+def _horovod_op(reduce_op: ReduceOp | str | None) -> Any:
+    """Map Lightning's reduce op (``"mean"``, ``"sum"``, ``"max"``, ``"min"`` or a ``ReduceOp``) to Horovod's."""
+    hvd = _hvd()
+    name = "mean" if reduce_op is None else reduce_op if isinstance(reduce_op, str) else reduce_op.name
+    ops = {"mean": hvd.Average, "avg": hvd.Average, "sum": hvd.Sum, "max": hvd.Max, "min": hvd.Min}
+    try:
+        return ops[name.lower()]
+    except KeyError:
+        raise ValueError(f"HorovodStrategy.reduce does not support reduce_op={reduce_op!r}; use one of {list(ops)}.")
+
+
+def _raw(optimizer: Optimizer) -> Optimizer:
+    """The optimizer inside a ``LightningOptimizer`` (or the optimizer itself)."""
+    return optimizer.optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
+
+
+def _is_distributed(optimizer: Optimizer) -> bool:
+    """True for an optimizer already wrapped by ``hvd.DistributedOptimizer``."""
+    return hasattr(optimizer, "synchronize") and hasattr(optimizer, "skip_synchronize")
+
+
+class HorovodStrategy(ParallelStrategy):
+    """Lightning strategy for data-parallel training over Horovod (Gloo on CPU, NCCL or Gloo on GPU)."""
+
+    strategy_name = "horovod"
+
+    def __init__(
+        self, scale_lr: bool = True, accelerator: pl.accelerators.Accelerator | None = None, **kwargs: Any
+    ) -> None:
+        """``scale_lr=False`` keeps the learning rate as configured: right when the *global* batch is kept fixed
+        (per-process batch = global batch / processes) rather than the per-process batch.
+        ``kwargs`` are ``ParallelStrategy``'s (``parallel_devices``, ``checkpoint_io``, ``precision_plugin``)."""
+        super().__init__(accelerator=accelerator, **kwargs)
+        self.scale_lr = scale_lr
+        self.base_lrs: list[list[float]] = []
+        self.scaled_lrs: list[list[float]] = []
+        self._sync_blocked = False
+
+    # --- ranks and devices -------------------------------------------------------------------------------------
+
+    @property
+    def global_rank(self) -> int:
+        """``hvd.rank()`` (from Horovod's launch variables before ``hvd.init()``)."""
+        hvd = _hvd()
+        return hvd.rank() if hvd.is_initialized() else _env_int("HOROVOD_RANK", 0)
+
+    @property
+    def local_rank(self) -> int:
+        """``hvd.local_rank()``: the process's index on its machine, and its GPU."""
+        hvd = _hvd()
+        return hvd.local_rank() if hvd.is_initialized() else _env_int("HOROVOD_LOCAL_RANK", 0)
+
+    @property
+    def node_rank(self) -> int:
+        """``hvd.cross_rank()``: the machine's index."""
+        hvd = _hvd()
+        return hvd.cross_rank() if hvd.is_initialized() else _env_int("HOROVOD_CROSS_RANK", 0)
+
+    @property
+    def world_size(self) -> int:
+        """``hvd.size()``: the number of processes."""
+        hvd = _hvd()
+        return hvd.size() if hvd.is_initialized() else _env_int("HOROVOD_SIZE", 1)
+
+    @property
+    def root_device(self) -> torch.device:
+        """``cuda:<local rank>`` on GPU (one GPU per process), else the accelerator's device (the CPU)."""
+        devices = self.parallel_devices or [torch.device("cpu")]
+        if devices[0].type == "cuda":
+            return torch.device("cuda", self.local_rank)
+        return devices[0]
+
+    @property
+    def is_distributed(self) -> bool:
+        """Tells Lightning to sync ``self.log(..., sync_dist=True)`` through ``reduce`` (it asks custom strategies)."""
+        return True
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        """Shard map-style datasets over all Horovod processes."""
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    def setup_environment(self) -> None:
+        """Start Horovod, pin this process's GPU, and make rank-zero-only logging use Horovod's rank."""
+        _hvd().init()
+        if self.root_device.type == "cuda":
+            torch.cuda.set_device(self.root_device)
+        rank_zero_only.rank = self.global_rank
+        super().setup_environment()
+
+    # --- model and optimizers ----------------------------------------------------------------------------------
+
+    def model_to_device(self) -> None:
+        """Move the model to this process's device."""
+        assert self.model is not None
+        self.model.to(self.root_device)
+
+    def setup_optimizers(self, trainer: pl.Trainer) -> None:
+        """Create the optimizers and schedulers, then scale their learning rates by the world size."""
+        super().setup_optimizers(trainer)
+        self._scale_learning_rates()
+
+    def _scale_learning_rates(self) -> None:
+        """Multiply each parameter group's lr (and its schedulers' base lrs) by ``world_size``, once per optimizer."""
+        size = self.world_size if self.scale_lr else 1
+        self.base_lrs, self.scaled_lrs = [], []
+        for optimizer in self.optimizers:
+            already = getattr(optimizer, _SCALED_MARK, False)
+            self.base_lrs.append([group["lr"] / (size if already else 1) for group in optimizer.param_groups])
+            if not already:
+                for group in optimizer.param_groups:
+                    group["lr"] *= size
+                    if "initial_lr" in group:
+                        group["initial_lr"] *= size
+                setattr(optimizer, _SCALED_MARK, True)
+                for config in self.lr_scheduler_configs:
+                    scheduler = config.scheduler
+                    if scheduler.optimizer is optimizer and hasattr(scheduler, "base_lrs"):
+                        scheduler.base_lrs = [lr * size for lr in scheduler.base_lrs]
+                        scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+            self.scaled_lrs.append([group["lr"] for group in optimizer.param_groups])
+
+    def setup(self, trainer: pl.Trainer) -> None:
+        """Set up as usual, then (when fitting) wrap the optimizers and broadcast the initial state from rank 0."""
+        super().setup(trainer)
+        hvd = _hvd()
+        assert self.model is not None
+        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        if trainer.state.fn != TrainerFn.FITTING:
+            return
+        self.optimizers = [self._distributed(opt, trainer.accumulate_grad_batches) for opt in self.optimizers]
+        for optimizer in self.optimizers:
+            hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+    def _distributed(self, optimizer: Optimizer, passes: int) -> Optimizer:
+        """Wrap ``optimizer`` in ``hvd.DistributedOptimizer``, naming exactly the parameters it optimizes."""
+        if _is_distributed(optimizer):
+            return optimizer
+        assert self.lightning_module is not None
+        owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        named = [(name, p) for name, p in self.lightning_module.named_parameters() if id(p) in owned]
+        return _hvd().DistributedOptimizer(optimizer, named_parameters=named, backward_passes_per_step=passes)
+
+    # --- gradient synchronization ------------------------------------------------------------------------------
+
+    def backward(self, closure_loss: Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any) -> Tensor:
+        """Backward pass, then wait for the averaged gradients (unless Lightning is accumulating)."""
+        closure_loss = super().backward(closure_loss, optimizer, *args, **kwargs)
+        if not self._sync_blocked:
+            for opt in [optimizer] if optimizer is not None else self.optimizers:
+                if _is_distributed(_raw(opt)):
+                    _raw(opt).synchronize()
+        return closure_loss
+
+    def optimizer_step(
+        self,
+        optimizer: Optimizer,
+        closure: Callable[[], Any],
+        model: pl.LightningModule | torch.nn.Module | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Step without Horovod's own synchronization: ``backward`` already averaged the gradients."""
+        raw = _raw(optimizer)
+        skip = raw.skip_synchronize() if _is_distributed(raw) else nullcontext()
+        with skip:
+            return super().optimizer_step(optimizer, closure, model, **kwargs)
+
+    @contextmanager
+    def block_backward_sync(self) -> Generator[None, None, None]:
+        """While Lightning accumulates gradients, do not synchronize after backward."""
+        self._sync_blocked = True
+        try:
+            yield
+        finally:
+            self._sync_blocked = False
+
+    # --- collectives -------------------------------------------------------------------------------------------
+
+    def reduce(self, tensor: Tensor | Any, group: Any | None = None, reduce_op: ReduceOp | str | None = "mean") -> Any:
+        """Allreduce a tensor over all processes (mean, sum, max or min); other values are returned unchanged."""
+        if not isinstance(tensor, Tensor):
+            return tensor
+        op = _horovod_op(reduce_op)
+        if op == _hvd().Average and not tensor.is_floating_point():
+            tensor = tensor.float()
+        return _hvd().allreduce(tensor, op=op)
+
+    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
+        """Stack every process's ``tensor`` into shape ``(world_size, *tensor.shape)``."""
+        context = nullcontext() if sync_grads else torch.no_grad()
+        with context:
+            return _hvd().allgather(tensor.unsqueeze(0))
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Send any picklable object from rank ``src`` to all processes."""
+        return _hvd().broadcast_object(obj, root_rank=src)
+
+    def barrier(self, name: str | None = None) -> None:
+        """Wait until every process gets here (a no-op before Horovod starts)."""
+        hvd = _hvd()
+        if hvd.is_initialized():
+            hvd.barrier()
+
+
+if "horovod" not in StrategyRegistry:
+    StrategyRegistry.register("horovod", HorovodStrategy, description="Data-parallel training over Horovod")

@@ -1,0 +1,175 @@
+"""HorovodRunner with real Horovod processes over Gloo: results, input checks, worker errors, Spark mode."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+from helpers import CourseInputError
+from helpers.horovod_runner import HorovodRunner, HorovodWorkerError, runner_class
+
+REPO = str(Path(__file__).resolve().parent.parent)
+
+# The workers cannot import this test module (tests/ is not on their path): send its functions by value, as
+# functions defined in a notebook or a script's __main__ are sent.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture(autouse=True)
+def _work_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Everything the runner writes (its failure reports) goes under this test's tmp_path."""
+    monkeypatch.setenv("COURSE_WORK_DIR", str(tmp_path))
+    return tmp_path
+
+
+def rank_info(tag: str) -> dict:
+    """Each rank reports who it is, what it sees, and a sum over all ranks (proves the ranks talk)."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
+    return {
+        "tag": tag,
+        "rank": hvd.rank(),
+        "size": hvd.size(),
+        "sum": float(total),
+        "threads": torch.get_num_threads(),
+        "omp": os.environ.get("OMP_NUM_THREADS"),
+        "pythonpath": os.environ.get("PYTHONPATH", "").split(os.pathsep),
+    }
+
+
+def raise_on_rank_one() -> None:
+    """Rank 1 raises while rank 0 waits for it in a collective."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    if hvd.rank() == 1:
+        raise ValueError("deliberate failure in the worker")
+    hvd.allreduce(torch.ones(1))
+
+
+def kill_rank_one() -> None:
+    """Rank 1 kills itself with SIGKILL (no Python error, like the OOM killer) while rank 0 waits for it."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    if hvd.rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    hvd.allreduce(torch.ones(1))
+    time.sleep(60)
+    hvd.allreduce(torch.ones(1))
+
+
+# --- input checks (nothing is started) -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("np", [0, 1.5, True])
+def test_np_must_be_a_nonzero_int(np: object) -> None:
+    with pytest.raises(CourseInputError, match="np"):
+        HorovodRunner(np=np)  # type: ignore[arg-type]
+
+
+def test_unknown_log_verbosity_is_rejected() -> None:
+    with pytest.raises(CourseInputError, match="driver_log_verbosity"):
+        HorovodRunner(np=-2, driver_log_verbosity="everything")
+
+
+def test_unpicklable_function_is_reported_before_starting() -> None:
+    lock = threading.Lock()
+
+    def uses_lock() -> bool:
+        return lock.locked()
+
+    with pytest.raises(CourseInputError, match="cannot be pickled.*uses_lock|uses_lock.*cannot be pickled"):
+        HorovodRunner(np=-2).run(uses_lock)
+
+
+def test_unpicklable_argument_is_reported_before_starting() -> None:
+    with pytest.raises(CourseInputError, match="arguments.*cannot be pickled"):
+        HorovodRunner(np=-2).run(rank_info, tag=threading.Lock())
+
+
+def test_np_above_core_count_warns_with_the_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = HorovodRunner(np=-3)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    launched = []
+    monkeypatch.setattr("horovod.run", lambda *args, **kwargs: launched.append(kwargs["num_proc"]) or ["rank 0"])
+    with pytest.warns(UserWarning, match="3 processes on a machine with 2 cores"):
+        assert runner.run(rank_info, tag="x") == "rank 0"
+    assert launched == [3]
+
+
+def test_runner_class_is_ours_without_sparkdl() -> None:
+    if importlib.util.find_spec("sparkdl") is not None:
+        pytest.skip("sparkdl is installed here")
+    assert runner_class() is HorovodRunner
+
+
+# --- real local jobs -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_local_run_returns_rank_zero_result_with_repo_on_path_and_pinned_threads() -> None:
+    result = HorovodRunner(np=-2).run(rank_info, tag="local")
+    assert result["tag"] == "local"
+    assert (result["rank"], result["size"]) == (0, 2)
+    assert result["sum"] == 3.0  # 1 + 2: both ranks took part
+    expected_threads = max(1, (os.cpu_count() or 1) // 2)
+    assert result["threads"] == expected_threads
+    assert result["omp"] == str(expected_threads)
+    assert REPO in result["pythonpath"]
+
+
+@pytest.mark.slow
+def test_worker_exception_names_the_rank_and_carries_its_traceback(tmp_path: Path) -> None:
+    with pytest.raises(HorovodWorkerError) as caught:
+        HorovodRunner(np=-2).run(raise_on_rank_one)
+    error = caught.value
+    assert error.rank == 1
+    message = str(error)
+    assert "rank 1 of 2" in message
+    assert "ValueError: deliberate failure in the worker" in message
+    assert "Traceback (most recent call last)" in message
+    assert "raise_on_rank_one" in message
+    assert list((tmp_path / "horovod_runs").iterdir()) == []  # reports are cleaned up
+
+
+@pytest.mark.slow
+def test_killed_worker_fails_the_job_quickly() -> None:
+    start = time.monotonic()
+    with pytest.raises(HorovodWorkerError) as caught:
+        HorovodRunner(np=-2).run(kill_rank_one)
+    elapsed = time.monotonic() - start
+    assert elapsed < 45, f"a killed worker took {elapsed:.0f} s to fail the job"
+    assert caught.value.rank == 1
+    assert "died without a Python error" in str(caught.value)
+    assert "SIGKILL" in str(caught.value)
+
+
+# --- Spark mode ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_spark_run_on_local_session(spark) -> None:
+    result = HorovodRunner(np=2).run(rank_info, tag="spark")
+    assert (result["tag"], result["rank"], result["size"], result["sum"]) == ("spark", 0, 2, 3.0)
+
+
+@pytest.mark.slow
+def test_spark_worker_exception_names_the_rank(spark) -> None:
+    with pytest.raises(HorovodWorkerError) as caught:
+        HorovodRunner(np=2, driver_log_verbosity="all").run(raise_on_rank_one)
+    assert caught.value.rank == 1
+    assert "ValueError: deliberate failure in the worker" in caught.value.worker_traceback
