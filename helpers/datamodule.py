@@ -1,0 +1,51 @@
+"""A LightningDataModule over the lesson 1 Petastorm converters, aware of the device it runs on.
+
+Each device (Horovod rank, DDP process) reads its own shard; an epoch is one pass over the training data whatever
+the device count: with n devices, each runs ``ceil(rows / (batch_size * n))`` steps.
+"""
+
+from __future__ import annotations
+
+import pytorch_lightning as pl
+
+from helpers.loaders import PetastormBatches
+from helpers.training import steps_per_epoch
+
+
+class PetastormDataModule(pl.LightningDataModule):
+    """Training and validation batches from Petastorm converters, for device ``device_id`` of ``device_count``.
+
+    Training keeps one reader open and yields a fixed number of steps per epoch (the same on every device);
+    validation reads the device's whole validation shard every epoch.
+    """
+
+    def __init__(self, train_converter, val_converter, batch_size: int = 64, image_size: int = 32,
+                 device_id: int = 0, device_count: int = 1, workers_count: int = 2) -> None:
+        super().__init__()
+        self.train_converter = train_converter
+        self.val_converter = val_converter
+        self.batch_size = batch_size
+        self.image_size = image_size
+        self.device_id = device_id
+        self.device_count = device_count
+        self.workers_count = workers_count
+        self.steps_per_epoch = steps_per_epoch(len(train_converter), batch_size, device_count)
+        self._open: list[PetastormBatches] = []
+
+    def _batches(self, converter, **kwargs) -> PetastormBatches:
+        batches = PetastormBatches(converter, self.batch_size, self.image_size, cur_shard=self.device_id,
+                                   shard_count=self.device_count, workers_count=self.workers_count, **kwargs)
+        self._open.append(batches)
+        return batches
+
+    def train_dataloader(self) -> PetastormBatches:
+        return self._batches(self.train_converter, steps_per_epoch=self.steps_per_epoch, shuffle=True)
+
+    def val_dataloader(self) -> PetastormBatches:
+        return self._batches(self.val_converter)
+
+    def teardown(self, stage: str) -> None:
+        """Close the readers this module opened."""
+        for batches in self._open:
+            batches.close()
+        self._open.clear()
