@@ -13,6 +13,7 @@ import math
 import re
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -102,9 +103,9 @@ class TrainResult:
     """What one ``train`` call did.
 
     ``epochs_run`` counts all epochs including those before a resumed checkpoint; ``history`` holds only this
-    call's epochs (``epoch``, ``train_loss``, ``val_loss``, ``val_acc`` per epoch, on global rank 0).
-    ``stopped_reason`` is ``"stopping_threshold"``, ``"patience"``, ``"divergence_threshold"``,
-    ``"non_finite_metric"`` (from the EarlyStopping callback) or ``"max_epochs"``. The MLflow fields are
+    call's epochs (``epoch``, ``train_loss``, ``val_loss``, ``val_acc``; averaged over devices).
+    ``stopped_reason`` is ``"stopping_threshold"``, ``"patience"``, ``"non_finite_metric"`` (from the
+    EarlyStopping callback) or ``"max_epochs"``. The MLflow fields are
     ``None`` on other ranks and without ``mlflow_experiment``.
     """
 
@@ -141,7 +142,6 @@ class _EpochHistory(pl.Callback):
 _STOP_REASONS = {
     EarlyStoppingReason.STOPPING_THRESHOLD: "stopping_threshold",
     EarlyStoppingReason.PATIENCE_EXHAUSTED: "patience",
-    EarlyStoppingReason.DIVERGENCE_THRESHOLD: "divergence_threshold",
     EarlyStoppingReason.NON_FINITE_METRIC: "non_finite_metric",
 }
 
@@ -214,7 +214,7 @@ def _registered_name(experiment: str) -> str:
 def _log_and_register_model(model: pl.LightningModule, name: str) -> str:
     """Log the trained network (torch.export "pt2" format, CPU) to the active run and register it; return
     the new version. The example input fixes the signature: float32 N x 3 x image_size x image_size."""
-    network = copy.deepcopy(model.network).cpu().eval()
+    network = copy.deepcopy(getattr(model, "network", model)).cpu().eval()
     size = int(model.hparams.get("image_size", 32))
     example = torch.zeros(2, 3, size, size)
     with torch.no_grad():
@@ -256,9 +256,9 @@ def train(
     - ``accelerator``, ``devices``, ``num_nodes`` and ``strategy`` go to the Trainer unchanged (a strategy
       object such as the course's Horovod strategy, ``"ddp"``, ...). Every epoch ends with a full validation
       pass.
-    - ``early_stopping``: ``None`` (default) uses ``EARLY_STOPPING_DEFAULTS`` (monitor ``val_loss``, min_delta
-      0.01, patience 10, no stopping_threshold); a dict overrides some of them (``{"stopping_threshold":
-      0.55}``); ``False`` switches early stopping off.
+    - ``early_stopping``: ``None`` (default) or ``True`` uses ``EARLY_STOPPING_DEFAULTS`` (monitor
+      ``val_loss``, min_delta 0.01, patience 10, no stopping_threshold); a dict overrides some of them
+      (``{"stopping_threshold": 0.55}``); ``False`` switches early stopping off.
     - Checkpoints (the best by ``val_loss`` and ``last.ckpt``) go to ``default_dir``: by default the folder of
       ``ckpt_restore`` when resuming, else ``work_path("checkpoints", run_name)``.
     - ``ckpt_restore``: a ``.ckpt`` to continue from (e.g. ``result.last_checkpoint``); training resumes at the
@@ -313,7 +313,10 @@ def train(
 
     def fit() -> float:
         started = time.perf_counter()
-        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+        with warnings.catch_warnings():
+            if ckpt_path is not None:  # resuming writes into the checkpoint's own folder on purpose
+                warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
+            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
         return time.perf_counter() - started
 
     run_id = model_name = model_version = None
@@ -355,6 +358,9 @@ def train(
 
     metrics = trainer.callback_metrics
     best = checkpoint.best_model_score
+    # should_stop is reset by every fit, while the callback's reason may come from a resumed checkpoint
+    stopped_early = stopper is not None and trainer.should_stop
+    stopped_reason = _STOP_REASONS.get(stopper.stopping_reason, "max_epochs") if stopped_early else "max_epochs"
     return TrainResult(
         epochs_run=trainer.current_epoch,
         best_val_loss=float(best) if best is not None else None,
@@ -363,7 +369,7 @@ def train(
         wall_time_s=wall_time_s,
         best_checkpoint=checkpoint.best_model_path or None,
         last_checkpoint=checkpoint.last_model_path or None,
-        stopped_reason=_STOP_REASONS.get(stopper.stopping_reason, "max_epochs") if stopper else "max_epochs",
+        stopped_reason=stopped_reason,
         mlflow_run_id=run_id,
         registered_model_name=model_name if tracked else None,
         registered_model_version=model_version,

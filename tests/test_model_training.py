@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 
+import mlflow
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -221,7 +222,9 @@ def test_resume_continues_the_epoch_count(digits, two_epochs, monkeypatch):
     assert [step for step, _ in metric_history(resumed.mlflow_run_id, "val_loss")] == [2, 3]
     # it continued from trained weights, not from scratch
     assert resumed.history[0]["val_loss"] < first.history[0]["val_loss"]
-    assert resumed.mlflow_run_id != first.mlflow_run_id
+    runs = mlflow.search_runs(experiment_names=["resume"], output_format="list")
+    assert sorted(run.info.run_id for run in runs) == sorted([first.mlflow_run_id, resumed.mlflow_run_id])
+    assert {run.data.params["ckpt_restore"] for run in runs} == {"None", first.last_checkpoint}
 
 
 def test_missing_checkpoint_is_refused_before_any_run(digits, work_dir):
