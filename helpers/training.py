@@ -266,7 +266,8 @@ def train(
       ``CourseInputError`` if it is missing or does not fit ``model``.
     - ``mlflow_experiment``: when given, global rank 0 sets up MLflow (``tracking_uri``, default: the local
       store under the work directory), turns on ``mlflow.pytorch.autolog`` and records exactly one run: the
-      parameters (learning rate, batch size, devices, world size, early stopping, max_epochs, ``extra_params``),
+      parameters (learning rate and the effective one after any scaling, batch size, devices, world size, early
+      stopping, max_epochs, ``extra_params``, whose keys must not clash with autolog's ``lr``, ``epochs``, ...),
       the epoch metrics (step = epoch) and the trained model, registered as ``registered_model_name``
       (default: derived from the experiment name). If training raises, the run ends FAILED and the error
       propagates. ``None``: no MLflow at all. Other ranks never call MLflow.
@@ -349,6 +350,8 @@ def train(
             mlflow.log_params(params)
             wall_time_s = fit()
             mlflow.log_metric("wall_time_s", wall_time_s)
+            # the lr the optimizer really used: a distributed strategy may have scaled it by the world size
+            mlflow.log_param("effective_learning_rate", trainer.optimizers[0].param_groups[0]["lr"])
             model_version = _log_and_register_model(trainer.lightning_module, model_name)
     else:
         if mlflow_experiment is None and trainer.global_rank == 0:

@@ -98,6 +98,7 @@ def test_one_finished_run_with_the_training_params(tracked):
     expected = {
         "learning_rate": "0.01", "batch_size": "64", "devices": "1", "world_size": "1", "max_epochs": "4",
         "early_stopping_min_delta": "0.01", "early_stopping_patience": "10", "dataset": "sklearn-digits",
+        "effective_learning_rate": "0.01",
     }
     assert {key: params.get(key) for key in expected} == expected
     assert run.data.metrics["wall_time_s"] == pytest.approx(result.wall_time_s)
