@@ -201,7 +201,9 @@ class HorovodRunner:
 
     def __init__(self, np: int, driver_log_verbosity: str = "log_callback_only"):
         if isinstance(np, bool) or not isinstance(np, int):
-            raise CourseInputError(f"HorovodRunner(np=...) takes an int, got {np!r}: np=-2 (2 local processes) or np=2.")
+            raise CourseInputError(
+                f"HorovodRunner(np=...) takes an int, got {np!r}: np=-2 (2 local processes) or np=2 (2 Spark tasks)."
+            )
         if np == 0:
             raise CourseInputError(
                 "HorovodRunner(np=0) runs nothing: use np=-N for N processes on this machine or np=N for N Spark tasks."
@@ -228,6 +230,7 @@ class HorovodRunner:
         if not callable(main):
             raise CourseInputError(f"HorovodRunner.run needs a function to run, got {type(main).__name__}.")
         self._check_picklable(main, kwargs)
+        self._check_resources()
         configure_python_env()
         report_dir = work_dir() / "horovod_runs" / uuid.uuid4().hex
         call = _WorkerCall(main, str(report_dir))
@@ -253,8 +256,8 @@ class HorovodRunner:
                     "inside the function instead of capturing them."
                 ) from exc
 
-    def _launch(self, call: _WorkerCall, kwargs: dict[str, Any]) -> list[Any]:
-        """Start the job locally or on Spark; return every rank's result, in rank order."""
+    def _check_resources(self) -> None:
+        """Warn when there are fewer cores (local) or task slots (Spark) than processes; Spark needs a session."""
         if self.np < 0:
             cores = os.cpu_count() or 1
             if self.num_processes > cores:
@@ -263,10 +266,7 @@ class HorovodRunner:
                     f"cores: they will share cores and run slower than np=-{cores}.",
                     stacklevel=3,
                 )
-            import horovod
-
-            return horovod.run(call, kwargs=kwargs, num_proc=self.num_processes, use_gloo=True, disable_cache=True)
-        import horovod.spark
+            return
         from pyspark.sql import SparkSession
 
         spark = SparkSession.getActiveSession()
@@ -282,6 +282,15 @@ class HorovodRunner:
                 "Horovod waits for more executors (HOROVOD_SPARK_START_TIMEOUT, 600 s by default) and then fails.",
                 stacklevel=3,
             )
+
+    def _launch(self, call: _WorkerCall, kwargs: dict[str, Any]) -> list[Any]:
+        """Start the job locally or on Spark; return every rank's result, in rank order."""
+        if self.np < 0:
+            import horovod
+
+            return horovod.run(call, kwargs=kwargs, num_proc=self.num_processes, use_gloo=True, disable_cache=True)
+        import horovod.spark
+
         streams = {"stdout": sys.stdout, "stderr": sys.stderr} if self.driver_log_verbosity == "all" else {}
         with _quiet_cancelled_spark_job():
             return horovod.spark.run(

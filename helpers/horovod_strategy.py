@@ -196,7 +196,12 @@ class HorovodStrategy(ParallelStrategy):
         if trainer.state.fn != TrainerFn.FITTING:
             return
         self.optimizers = [self._distributed(opt, trainer.accumulate_grad_batches) for opt in self.optimizers]
-        for optimizer in self.optimizers:
+        for lightning_optimizer, optimizer in zip(self._lightning_optimizers, self.optimizers):
+            # Horovod's optimizer class calls super(self.__class__, self), which recurses forever when Lightning's
+            # wrapper class (what self.optimizers() returns in manual optimization) subclasses it: send these
+            # calls straight to the Horovod optimizer.
+            for method in ("zero_grad", "load_state_dict"):
+                setattr(lightning_optimizer, method, getattr(optimizer, method))
             hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
     def _distributed(self, optimizer: Optimizer, passes: int) -> Optimizer:

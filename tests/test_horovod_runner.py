@@ -173,3 +173,22 @@ def test_spark_worker_exception_names_the_rank(spark) -> None:
         HorovodRunner(np=2, driver_log_verbosity="all").run(raise_on_rank_one)
     assert caught.value.rank == 1
     assert "ValueError: deliberate failure in the worker" in caught.value.worker_traceback
+
+
+@pytest.mark.slow
+def test_spark_killed_worker_fails_the_job_quickly(spark) -> None:
+    start = time.monotonic()
+    with pytest.raises(HorovodWorkerError) as caught:
+        HorovodRunner(np=2).run(kill_rank_one)
+    elapsed = time.monotonic() - start
+    assert elapsed < 45, f"a killed Spark worker took {elapsed:.0f} s to fail the job"
+    assert caught.value.rank == 1
+    assert "died without a Python error" in str(caught.value)
+
+
+def test_spark_mode_without_a_session_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyspark.sql import SparkSession
+
+    monkeypatch.setattr(SparkSession, "getActiveSession", staticmethod(lambda: None))
+    with pytest.raises(CourseInputError, match="no active SparkSession"):
+        HorovodRunner(np=2).run(rank_info, tag="x")

@@ -194,3 +194,45 @@ def test_two_processes_match_one_with_the_same_global_batch() -> None:
         assert rank["optimizer_lr"] == pytest.approx(BASE_LR)
         for key, weight in single["weights"].items():
             np.testing.assert_allclose(rank["weights"][key], weight, atol=1e-5, err_msg=key)
+
+
+def train_manually(steps: int) -> list:
+    """Manual optimization (``self.optimizers()``, ``manual_backward``) on different data per rank."""
+    import horovod.torch as hvd
+    import pytorch_lightning as pl
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from helpers.horovod_strategy import HorovodStrategy
+
+    class ManualModule(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            optimizer = self.optimizers()
+            optimizer.zero_grad()
+            self.manual_backward(self.layer(batch[0]).pow(2).mean())
+            optimizer.step()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer = pl.Trainer(
+        strategy=HorovodStrategy(), accelerator="cpu", devices=1, max_steps=steps, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )
+    torch.manual_seed(trainer.global_rank)  # different data and initial weights on each rank
+    data = torch.randn(4 * steps, 4)
+    model = ManualModule()
+    trainer.fit(model, DataLoader(TensorDataset(data), batch_size=4))
+    return hvd.allgather_object([p.detach().numpy().copy() for p in model.parameters()])
+
+
+@pytest.mark.slow
+def test_manual_optimization_keeps_ranks_in_step() -> None:
+    first, second = HorovodRunner(np=-2).run(train_manually, steps=3)
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a, b)
