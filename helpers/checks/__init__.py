@@ -1,0 +1,200 @@
+"""Immediate feedback for the course's exercises: ``check("1.3", answer)`` in a check cell.
+
+A lesson's check functions live in ``helpers/checks/lessonN.py`` and register themselves::
+
+    from helpers.checks import CheckFailed, register, require
+
+    @register("1.3")
+    def shards_are_disjoint(namespace) -> str:
+        shards = require(namespace, "shards")          # NotAttempted while `shards = ...`
+        if len(shards) != 2:
+            raise CheckFailed(f"expected 2 shards, got {len(shards)}")
+        return "2 disjoint shards"                      # the success message
+
+``check`` imports ``helpers.checks.lessonN`` on first use of an id ``"N.x"`` (a notebook may also register its own
+ids), runs the function and prints one line: passed, failed with a hint, or not attempted. It never raises, so
+"Run All" keeps going, and it returns whether the answer passed. In a notebook the line is a ``display_data``
+output that also carries a machine-readable record under :data:`MIMETYPE` for the grader (``helpers.grade``).
+"""
+
+from __future__ import annotations
+
+import dis
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = [
+    "ERROR",
+    "FAILED",
+    "MIMETYPE",
+    "NOT_ATTEMPTED",
+    "PASSED",
+    "CheckFailed",
+    "NotAttempted",
+    "check",
+    "format_line",
+    "is_stub",
+    "register",
+    "require",
+    "require_implemented",
+]
+
+MIMETYPE = "application/vnd.course-check+json"
+PASSED = "passed"
+FAILED = "failed"
+NOT_ATTEMPTED = "not attempted"
+ERROR = "error"
+
+CheckFunction = Callable[[Any], str]
+_REGISTRY: dict[str, CheckFunction] = {}
+
+_ICONS = {PASSED: "✅", FAILED: "❌", NOT_ATTEMPTED: "⏳", ERROR: "⚠️"}
+
+
+class CheckFailed(Exception):
+    """Raised by a check function for a wrong answer; its message is the hint shown to the student."""
+
+
+class NotAttempted(Exception):
+    """Raised by a check function when the exercise is still the unanswered ``...`` stub."""
+
+
+def register(exercise_id: str) -> Callable[[CheckFunction], CheckFunction]:
+    """Decorator: make ``fn(answer) -> success message`` the check for ``exercise_id`` (e.g. ``"1.3"``).
+
+    Registering an id again replaces the earlier function (re-running a notebook cell is harmless).
+    """
+
+    def decorate(fn: CheckFunction) -> CheckFunction:
+        _REGISTRY[exercise_id] = fn
+        return fn
+
+    return decorate
+
+
+_NO_OPS = {"RESUME", "NOP", "CACHE", "EXTENDED_ARG"}
+
+
+def is_stub(fn: Any) -> bool:
+    """True if ``fn`` is a function whose body does nothing (``...`` or ``pass``, after an optional docstring).
+
+    That is what ``helpers.course build`` leaves of a function whose whole body was a solution region. The test
+    is on the byte code (the function just returns None), so it needs no source.
+    """
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return False
+    steps = [(ins.opname, ins.argval) for ins in dis.get_instructions(code) if ins.opname not in _NO_OPS]
+    return steps in ([("LOAD_CONST", None), ("RETURN_VALUE", None)], [("RETURN_CONST", None)])
+
+
+def require_implemented(*functions: Any) -> None:
+    """Raise :class:`NotAttempted` if any of ``functions`` (e.g. methods of a class) is still a stub."""
+    for fn in functions:
+        if is_stub(fn):
+            raise NotAttempted(f"{getattr(fn, '__qualname__', fn)} is not written yet")
+
+
+def require(namespace: Mapping[str, Any] | object, *names: str) -> Any:
+    """Fetch ``names`` from ``namespace`` (``globals()`` or any object with attributes) for a check.
+
+    Raises :class:`NotAttempted` when a name is missing, is still ``...``, or is a function whose body is a stub.
+    Returns the value for one name, a tuple of values for several.
+    """
+    values = []
+    for name in names:
+        if isinstance(namespace, Mapping):
+            value = namespace.get(name, ...)
+        else:
+            value = getattr(namespace, name, ...)
+        if value is ...:
+            raise NotAttempted(f"`{name}` is not defined yet")
+        if is_stub(value):
+            raise NotAttempted(f"`{name}` is not written yet")
+        values.append(value)
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _is_unanswered(answer: Any) -> bool:
+    """An answer is unanswered if it is ``...`` or a tuple/list holding ``...`` at the top level."""
+    if answer is ...:
+        return True
+    return isinstance(answer, (tuple, list)) and any(item is ... for item in answer)
+
+
+def _find_check(exercise_id: str) -> CheckFunction | None:
+    """The registered function for ``exercise_id``, importing ``helpers.checks.lessonN`` first if needed.
+
+    Raises ``ValueError`` for an id that is not ``"N.x"``; lets a broken lesson module's errors through.
+    """
+    if exercise_id not in _REGISTRY:
+        lesson = exercise_id.split(".", 1)[0]
+        if not lesson.isdigit() or "." not in exercise_id:
+            raise ValueError(f"exercise ids look like '1.3', not {exercise_id!r}")
+        module = f"{__name__}.lesson{int(lesson)}"
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as error:
+            if error.name != module:
+                raise
+    return _REGISTRY.get(exercise_id)
+
+
+def _run(exercise_id: str, answer: Any) -> tuple[str, str]:
+    """Run the check for ``exercise_id`` and return ``(status, message)``; never raises."""
+    try:
+        fn = _find_check(exercise_id)
+    except Exception as error:  # noqa: BLE001 - a broken check module must not stop the notebook
+        return ERROR, f"could not load the check: {type(error).__name__}: {error}"
+    if fn is None:
+        return ERROR, "no check is registered for this exercise id"
+    if _is_unanswered(answer):
+        return NOT_ATTEMPTED, "replace the `...` with your code"
+    try:
+        message = fn(answer)
+    except NotAttempted as reason:
+        return NOT_ATTEMPTED, str(reason) or "replace the `...` with your code"
+    except CheckFailed as hint:
+        return FAILED, str(hint)
+    except Exception as error:  # noqa: BLE001 - the student's code may raise anything
+        return FAILED, f"{type(error).__name__}: {error}"
+    return PASSED, "" if message is None else str(message)
+
+
+def format_line(exercise_id: str, status: str, message: str) -> str:
+    """The one human-readable line for a check result."""
+    words = {
+        PASSED: "correct",
+        FAILED: "not yet",
+        NOT_ATTEMPTED: "not attempted",
+        ERROR: "could not be checked",
+    }[status]
+    line = f"{_ICONS[status]} {exercise_id} {words}"
+    return f"{line}: {message}" if message else line
+
+
+def _emit(record: dict[str, str], line: str) -> None:
+    """Show ``line``; inside IPython as a display_data that also carries ``record`` under :data:`MIMETYPE`."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        get_ipython = None  # type: ignore[assignment]
+    if get_ipython is not None and get_ipython() is not None:
+        display({MIMETYPE: record, "text/plain": line}, raw=True)
+    else:
+        print(line)
+
+
+def check(exercise_id: str, answer: Any) -> bool:
+    """Check ``answer`` (a value, or a namespace such as ``globals()``) for exercise ``exercise_id``.
+
+    Shows one line (correct, a hint, or not attempted), emits the grader's record, never raises, and returns
+    True only when the answer passed.
+    """
+    exercise_id = str(exercise_id)
+    status, message = _run(exercise_id, answer)
+    record = {"exercise": exercise_id, "status": status, "message": message}
+    _emit(record, format_line(exercise_id, status, message))
+    return status == PASSED

@@ -1,0 +1,441 @@
+"""Single source for the course's notebooks: ``solutions/`` are written by hand, ``lessons/`` are generated.
+
+Conventions for a solution notebook ``solutions/NN_name.ipynb`` (nbformat 4.5, so every cell has a stable id):
+
+- exercise code sits between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` lines (nbgrader style);
+- after every exercise cell comes a check cell that calls ``check("N.x", answer_or_namespace)``;
+- one code cell tagged ``parameters`` assigns at least ``DATA_DIR``, ``WORK_DIR`` and ``SEED``;
+- cells tagged ``solution-only`` are left out of the lesson.
+
+``python -m helpers.course build`` writes ``lessons/NN_name.ipynb`` from each solution; ``build --check`` exits
+non-zero, naming the notebook, when a committed lesson is stale, missing, has no solution, or leaks solution text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+from nbformat import NotebookNode
+
+from helpers import CourseInputError
+from helpers.workdir import REPO_ROOT
+
+BEGIN = "### BEGIN SOLUTION"
+END = "### END SOLUTION"
+YOUR_CODE = "# YOUR CODE HERE"
+SOLUTION_ONLY_TAG = "solution-only"
+PARAMETERS_TAG = "parameters"
+REQUIRED_PARAMETERS = ("DATA_DIR", "WORK_DIR", "SEED")
+CELL_METADATA_DROPPED = ("papermill", "execution", "ExecuteTime", "scrolled", "collapsed")
+
+SOLUTIONS_DIR = REPO_ROOT / "solutions"
+LESSONS_DIR = REPO_ROOT / "lessons"
+
+_LESSON_NUMBER = re.compile(r"^(\d+)_")
+
+
+def display_path(path: Path) -> str:
+    """``path`` relative to the repository when it is inside it, for messages."""
+    try:
+        return path.resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def read_notebook(path: Path) -> NotebookNode:
+    """Read a notebook (as nbformat 4); a missing or unreadable file is a :class:`CourseInputError`."""
+    try:
+        return nbformat.read(path, as_version=4)
+    except FileNotFoundError:
+        raise CourseInputError(f"{display_path(path)}: no such notebook") from None
+    except Exception as error:  # noqa: BLE001 - nbformat raises several kinds for a bad file
+        raise CourseInputError(f"{display_path(path)} is not a valid notebook: {error}") from None
+
+
+def serialize(nb: NotebookNode) -> str:
+    """The notebook as written to disk: nbformat's JSON with a final newline."""
+    text = nbformat.writes(nb, version=4)
+    return text if text.endswith("\n") else text + "\n"
+
+
+def lesson_number(name: str) -> int | None:
+    """The lesson number of a notebook named ``NN_name`` (``None`` if the name does not start with digits)."""
+    match = _LESSON_NUMBER.match(name)
+    return int(match.group(1)) if match else None
+
+
+def solution_notebooks(solutions_dir: Path) -> list[Path]:
+    """The solution notebooks in ``solutions_dir``, sorted; a missing folder is a :class:`CourseInputError`."""
+    if not solutions_dir.is_dir():
+        raise CourseInputError(f"no solutions folder at {display_path(solutions_dir)}")
+    return sorted(solutions_dir.glob("*.ipynb"))
+
+
+def _python_source(source: str) -> str:
+    """Cell source as plain Python: IPython magics (``%time``, ``!ls``) are turned into function calls."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    return TransformerManager().transform_cell(source)
+
+
+def _parse(source: str) -> ast.Module | None:
+    """The cell's AST, or None when the cell is not valid Python (even after IPython's transforms)."""
+    try:
+        return ast.parse(_python_source(source))
+    except SyntaxError:
+        return None
+
+
+def has_solution(source: str) -> bool:
+    """True if a cell's source contains a solution region marker."""
+    return any(line.strip() in (BEGIN, END) for line in source.splitlines())
+
+
+def _target_names(target: ast.expr) -> Iterable[str]:
+    """Names bound by an assignment target (``a``, ``a, (b, *c)``); attributes and subscripts bind none."""
+    if isinstance(target, ast.Name):
+        yield target.id
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        for element in target.elts:
+            yield from _target_names(element)
+    elif isinstance(target, ast.Starred):
+        yield from _target_names(target.value)
+
+
+def _statement_names(statement: ast.stmt) -> Iterable[str]:
+    """Module-level names bound by one statement, including inside if/for/while/with/try blocks."""
+    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        yield statement.name
+        return
+    if isinstance(statement, ast.Assign):
+        for target in statement.targets:
+            yield from _target_names(target)
+    elif isinstance(statement, (ast.AnnAssign, ast.AugAssign)):
+        yield from _target_names(statement.target)
+    elif isinstance(statement, (ast.For, ast.AsyncFor)):
+        yield from _target_names(statement.target)
+    elif isinstance(statement, (ast.With, ast.AsyncWith)):
+        for item in statement.items:
+            if item.optional_vars is not None:
+                yield from _target_names(item.optional_vars)
+    elif isinstance(statement, ast.Import):
+        for alias in statement.names:
+            yield alias.asname or alias.name.split(".")[0]
+    elif isinstance(statement, ast.ImportFrom):
+        for alias in statement.names:
+            if alias.name != "*":
+                yield alias.asname or alias.name
+    for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+        for child in getattr(statement, field, []):
+            if isinstance(child, ast.stmt):
+                yield from _statement_names(child)
+            else:  # except handlers and match cases hold statements in their own body
+                for grandchild in child.body:
+                    yield from _statement_names(grandchild)
+
+
+def bound_names(code: str) -> list[str]:
+    """The names that top-level ``code`` binds, in order of first binding (raises SyntaxError)."""
+    names: list[str] = []
+    for statement in ast.parse(_python_source(code)).body:
+        for name in _statement_names(statement):
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def _stub(region: list[str], indent: str, where: str) -> list[str]:
+    """The lines that replace a solution region (see the module docstring of the course)."""
+    if indent:
+        return [f"{indent}{YOUR_CODE}", f"{indent}..."]
+    try:
+        names = bound_names("\n".join(region))
+    except SyntaxError as error:
+        raise CourseInputError(f"{where}: the solution region is not valid Python ({error.msg}, line {error.lineno})")
+    return [YOUR_CODE, *(f"{name} = ..." for name in names)] if names else [YOUR_CODE, "..."]
+
+
+def solution_regions(source: str, where: str) -> list[tuple[str, list[str]]]:
+    """``(indent, lines)`` of every solution region in a cell; bad markers are a :class:`CourseInputError`."""
+    regions: list[tuple[str, list[str]]] = []
+    current: list[str] | None = None
+    indent = ""
+    for line in source.splitlines():
+        marker = line.strip()
+        if marker == BEGIN:
+            if current is not None:
+                raise CourseInputError(f"{where}: '{BEGIN}' inside another solution region")
+            current, indent = [], line[: len(line) - len(line.lstrip())]
+        elif marker == END:
+            if current is None:
+                raise CourseInputError(f"{where}: '{END}' without a '{BEGIN}'")
+            regions.append((indent, current))
+            current = None
+        elif current is not None:
+            current.append(line)
+    if current is not None:
+        raise CourseInputError(f"{where}: '{BEGIN}' without an '{END}'")
+    return regions
+
+
+def strip_solutions(source: str, where: str) -> str:
+    """The cell's source with every solution region replaced by its stub (``where`` names the cell in errors)."""
+    solution_regions(source, where)  # validates the markers before rewriting
+    out: list[str] = []
+    region: list[str] | None = None
+    indent = ""
+    for line in source.splitlines():
+        marker = line.strip()
+        if marker == BEGIN:
+            region, indent = [], line[: len(line) - len(line.lstrip())]
+        elif marker == END and region is not None:
+            out.extend(_stub(region, indent, where))
+            region = None
+        elif region is not None:
+            region.append(line)
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def check_ids(source: str) -> list[str]:
+    """The exercise ids a cell checks: first arguments of its ``check("N.x", ...)`` calls, in order."""
+    tree = _parse(source)
+    if tree is None:
+        return []
+    calls: list[tuple[int, int, str]] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        first = node.args[0]
+        if name == "check" and isinstance(first, ast.Constant) and isinstance(first.value, str):
+            calls.append((node.lineno, node.col_offset, first.value))
+    return list(dict.fromkeys(exercise_id for _, _, exercise_id in sorted(calls)))
+
+
+def _tags(cell: NotebookNode) -> list[str]:
+    return list(cell.get("metadata", {}).get("tags", []))
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise cell of a solution and the exercise ids its following check cell(s) check."""
+
+    cell_id: str
+    check_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Structure:
+    """Which cells of a notebook are exercises and which are checks (``solution-only`` cells excluded)."""
+
+    exercises: tuple[Exercise, ...]
+    check_cells: dict[str, tuple[str, ...]]
+
+    @property
+    def exercise_ids(self) -> list[str]:
+        """Every exercise id checked after an exercise cell, in notebook order."""
+        return [exercise_id for exercise in self.exercises for exercise_id in exercise.check_ids]
+
+
+def structure(solution: NotebookNode) -> Structure:
+    """Find the exercise cells (with solution regions) and check cells (calling ``check(``) of a solution."""
+    exercises: list[tuple[str, list[str]]] = []
+    check_cells: dict[str, tuple[str, ...]] = {}
+    for cell in solution.cells:
+        if cell.cell_type != "code" or SOLUTION_ONLY_TAG in _tags(cell):
+            continue
+        if has_solution(cell.source):
+            exercises.append((cell.get("id", ""), []))
+            continue
+        ids = check_ids(cell.source)
+        if ids:
+            check_cells[cell.get("id", "")] = tuple(ids)
+            if exercises:
+                exercises[-1][1].extend(i for i in ids if i not in exercises[-1][1])
+    return Structure(tuple(Exercise(cell_id, tuple(ids)) for cell_id, ids in exercises), check_cells)
+
+
+def _parameter_names(cell: NotebookNode) -> list[str]:
+    try:
+        return bound_names(cell.source)
+    except SyntaxError:
+        return []
+
+
+def problems(solution: NotebookNode, name: str) -> list[str]:
+    """What is wrong with a solution notebook's structure (empty when it follows the conventions)."""
+    found: list[str] = []
+    cells = solution.cells
+    if any("id" not in cell for cell in cells):
+        found.append("cells without ids: save it with JupyterLab >= 3 (nbformat 4.5) so cell ids are stable")
+    for index, cell in enumerate(cells):
+        where = f"cell {index} ({cell.get('id', 'no id')})"
+        if has_solution(cell.source):
+            if cell.cell_type != "code":
+                found.append(f"{where}: solution markers are only supported in code cells")
+            else:
+                try:
+                    strip_solutions(cell.source, where)
+                except CourseInputError as error:
+                    found.append(str(error))
+    parameters = [cell for cell in cells if cell.cell_type == "code" and PARAMETERS_TAG in _tags(cell)]
+    if len(parameters) != 1:
+        found.append(f"needs exactly one code cell tagged '{PARAMETERS_TAG}' (found {len(parameters)})")
+    else:
+        missing = [p for p in REQUIRED_PARAMETERS if p not in _parameter_names(parameters[0])]
+        if missing:
+            found.append(f"the '{PARAMETERS_TAG}' cell does not assign {', '.join(missing)}")
+    layout = structure(solution)
+    number = lesson_number(name)
+    seen: dict[str, str] = {}
+    for exercise in layout.exercises:
+        if not exercise.check_ids:
+            found.append(f"exercise cell {exercise.cell_id} is not followed by a check cell")
+        for exercise_id in exercise.check_ids:
+            if exercise_id in seen:
+                found.append(f"check id {exercise_id} follows two exercise cells ({seen[exercise_id]}, {exercise.cell_id})")
+            seen[exercise_id] = exercise.cell_id
+            if number is not None and exercise_id.split(".")[0] != str(number):
+                found.append(f"check id {exercise_id} does not start with the lesson number {number}")
+    checked_early = [i for ids in layout.check_cells.values() for i in ids if i not in seen]
+    if checked_early:
+        found.append(f"check ids {', '.join(checked_early)} are not after an exercise cell")
+    return found
+
+
+def build_lesson(solution: NotebookNode, name: str) -> NotebookNode:
+    """The student's notebook for solution ``name``: stubs for solutions, no outputs, no solution-only cells."""
+    lesson = nbformat.v4.new_notebook()
+    lesson.nbformat, lesson.nbformat_minor = 4, 5
+    if "kernelspec" in solution.metadata:
+        lesson.metadata["kernelspec"] = copy.deepcopy(solution.metadata["kernelspec"])
+    lesson.metadata["course"] = {**solution.metadata.get("course", {}), "lesson": name}
+    for index, cell in enumerate(solution.cells):
+        if SOLUTION_ONLY_TAG in _tags(cell):
+            continue
+        new = copy.deepcopy(cell)
+        new.metadata = {k: v for k, v in new.get("metadata", {}).items() if k not in CELL_METADATA_DROPPED}
+        if cell.cell_type == "code":
+            new.source = strip_solutions(cell.source, f"{name} cell {index} ({cell.get('id', 'no id')})")
+            new.outputs = []
+            new.execution_count = None
+        lesson.cells.append(new)
+    return lesson
+
+
+def _normalized(text: str) -> str:
+    return "\n".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def leaks(solution: NotebookNode, lesson: NotebookNode) -> list[str]:
+    """Why ``lesson`` still contains solution text: region markers, or a solution region's code."""
+    found: list[str] = []
+    regions = [
+        _normalized("\n".join(lines))
+        for cell in solution.cells
+        if cell.cell_type == "code" and has_solution(cell.source)
+        for _, lines in solution_regions(cell.source, "solution")
+    ]
+    for index, cell in enumerate(lesson.cells):
+        where = f"cell {index} ({cell.get('id', 'no id')})"
+        if has_solution(cell.source):
+            found.append(f"{where} contains solution markers")
+        elif cell.cell_type == "code":
+            text = _normalized(cell.source)
+            if any(region and region in text for region in regions):
+                found.append(f"{where} contains solution code")
+    return found
+
+
+def build(solutions_dir: Path = SOLUTIONS_DIR, lessons_dir: Path = LESSONS_DIR) -> list[str]:
+    """Write every lesson from its solution; returns the problems found (their notebooks are not written)."""
+    errors: list[str] = []
+    lessons_dir.mkdir(parents=True, exist_ok=True)
+    for path in solution_notebooks(solutions_dir):
+        try:
+            solution = read_notebook(path)
+            found = problems(solution, path.stem)
+            if found:
+                errors.extend(f"{display_path(path)}: {problem}" for problem in found)
+                continue
+            text = serialize(build_lesson(solution, path.stem))
+        except CourseInputError as error:
+            errors.append(str(error))
+            continue
+        target = lessons_dir / path.name
+        if target.exists() and target.read_text(encoding="utf-8") == text:
+            print(f"unchanged {display_path(target)}")
+        else:
+            target.write_text(text, encoding="utf-8")
+            print(f"wrote {display_path(target)}")
+    return errors
+
+
+def _check_lesson(solution_path: Path, lesson_path: Path) -> list[str]:
+    """Problems with one committed lesson (and its solution)."""
+    solution = read_notebook(solution_path)
+    found = problems(solution, solution_path.stem)
+    if found:
+        return [f"{display_path(solution_path)}: {problem}" for problem in found]
+    if not lesson_path.exists():
+        return [f"{display_path(lesson_path)} is missing: run `python -m helpers.course build`"]
+    committed = read_notebook(lesson_path)
+    errors = [f"{display_path(lesson_path)}: {leak}" for leak in leaks(solution, committed)]
+    if serialize(committed) != serialize(build_lesson(solution, solution_path.stem)):
+        errors.append(
+            f"{display_path(lesson_path)} differs from what {display_path(solution_path)} builds: "
+            "run `python -m helpers.course build`"
+        )
+    return errors
+
+
+def check(solutions_dir: Path = SOLUTIONS_DIR, lessons_dir: Path = LESSONS_DIR) -> list[str]:
+    """Problems with the committed lessons: stale, missing, without a solution, or leaking solution text."""
+    errors: list[str] = []
+    solutions = solution_notebooks(solutions_dir)
+    for path in solutions:
+        try:
+            errors.extend(_check_lesson(path, lessons_dir / path.name))
+        except CourseInputError as error:
+            errors.append(str(error))
+    names = {path.name for path in solutions}
+    for lesson in sorted(lessons_dir.glob("*.ipynb")):
+        if lesson.name not in names:
+            errors.append(f"{display_path(lesson)} has no solution in {display_path(solutions_dir)}")
+    return errors
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m helpers.course build [--check] [--solutions DIR] [--lessons DIR]``."""
+    parser = argparse.ArgumentParser(prog="python -m helpers.course", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    build_parser = commands.add_parser("build", help="write lessons/ from solutions/")
+    build_parser.add_argument("--check", action="store_true", help="only verify that lessons/ is up to date")
+    build_parser.add_argument("--solutions", type=Path, default=SOLUTIONS_DIR, help="solution notebooks folder")
+    build_parser.add_argument("--lessons", type=Path, default=LESSONS_DIR, help="generated lessons folder")
+    args = parser.parse_args(argv)
+    try:
+        errors = check(args.solutions, args.lessons) if args.check else build(args.solutions, args.lessons)
+    except CourseInputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for error in errors:
+        print(f"error: {error}", file=sys.stderr)
+    if args.check and not errors:
+        print(f"lessons are up to date ({len(solution_notebooks(args.solutions))} notebooks)")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,407 @@
+"""Grade a class's notebooks: ``python -m helpers.grade SUBMISSIONS_DIR --out grades.csv``.
+
+Every ``*.ipynb`` under ``SUBMISSIONS_DIR`` is a submission (checkpoint and hidden folders are skipped); its name
+is its path relative to that folder, so both ``alice__01_data_lake_petastorm.ipynb`` and
+``alice/01_data_lake_petastorm.ipynb`` work. Its lesson is the ``course.lesson`` entry of the notebook's metadata
+(``helpers.course build`` writes it) or else the longest solution name (``01_data_lake_petastorm``) contained in
+the file name.
+
+The notebook that runs is the lesson built from the solution, with only the student's exercise cells (matched by
+cell id) and the cells the student added; check cells, the parameters cell and everything else come from the
+lesson, so edited or deleted checks can neither cheat nor break grading: each check cell re-imports ``check``
+first, and only records printed by the lesson's own check cells count. (The student's code runs in the same
+kernel, so this stops accidents and casual cheats, not a determined attacker.) The notebook runs with papermill in
+its own process, under a per-notebook timeout, with the CI parameters and errors allowed. Each exercise's status
+comes from the record its check cell printed: passed, failed, not attempted, or error (no record: a timeout, a dead
+kernel, a check cell that raised; or a duplicated exercise cell, or a file that is not a notebook).
+``grades.csv`` gets one row per exercise (submission, lesson, exercise, status, detail) and the executed
+notebooks, with a summary on top, go to ``grades_feedback/`` next to it. One bad submission never stops the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+from nbformat import NotebookNode
+
+from helpers import CourseInputError
+from helpers.checks import ERROR, MIMETYPE, NOT_ATTEMPTED, PASSED, format_line
+from helpers.course import (
+    SOLUTIONS_DIR,
+    Structure,
+    build_lesson,
+    display_path,
+    problems,
+    read_notebook,
+    solution_notebooks,
+    structure,
+)
+
+DEFAULT_TIMEOUT_S = 600
+KERNEL_NAME = "python3"
+RAISES_TAG = "raises-exception"
+STATUSES = (PASSED, "failed", NOT_ATTEMPTED, ERROR)
+CSV_FIELDS = ("submission", "lesson", "exercise", "status", "detail")
+CHECK_IMPORT = "from helpers.checks import check  # the grader's: a `check` defined by the student is not used"
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How a papermill run ended."""
+
+    returncode: int | None
+    timed_out: bool
+    log_tail: str
+
+
+@dataclass(frozen=True)
+class Grade:
+    """One row of ``grades.csv``."""
+
+    submission: str
+    lesson: str
+    exercise: str
+    status: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Lesson:
+    """A lesson as the grader needs it: the notebook built from its solution, and its exercise layout."""
+
+    name: str
+    notebook: NotebookNode
+    layout: Structure
+    solution_dir: Path
+
+
+def _kill_tree(pid: int) -> None:
+    """Kill a process and all its descendants (the Jupyter kernel runs in a session of its own)."""
+    import psutil
+
+    try:
+        parent = psutil.Process(pid)
+        family = [*parent.children(recursive=True), parent]
+    except psutil.NoSuchProcess:
+        return
+    for process in family:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=10)
+
+
+def execute(
+    source: Path,
+    output: Path,
+    *,
+    cwd: Path,
+    work_dir: Path,
+    timeout: float,
+    parameters: dict | None = None,
+) -> Execution:
+    """Run ``source`` with papermill (kernel ``python3``) in a subprocess, writing the executed ``output``.
+
+    ``WORK_DIR`` is passed as a parameter and as ``COURSE_WORK_DIR``; the whole run, kernel included, is killed
+    after ``timeout`` seconds (papermill saves after every cell, so ``output`` then holds what ran).
+    """
+    params = {"WORK_DIR": str(work_dir), **(parameters or {})}
+    command = [
+        sys.executable, "-m", "papermill", str(source), str(output),
+        "--kernel", KERNEL_NAME, "--cwd", str(cwd), "--parameters_yaml", json.dumps(params),
+        "--no-progress-bar", "--log-level", "WARNING",
+    ]  # fmt: skip
+    env = {**os.environ, "COURSE_WORK_DIR": str(work_dir)}
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    ) as process:
+        try:
+            log, _ = process.communicate(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            _kill_tree(process.pid)
+            log, _ = process.communicate()
+            timed_out = True
+    return Execution(process.returncode, timed_out, (log or "").strip()[-2000:])
+
+
+def allow_errors(nb: NotebookNode) -> NotebookNode:
+    """Tag every code cell ``raises-exception`` so that execution goes on past errors (in place; returned)."""
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            tags = cell.metadata.setdefault("tags", [])
+            if RAISES_TAG not in tags:
+                tags.append(RAISES_TAG)
+    return nb
+
+
+def _record(output: NotebookNode) -> dict | None:
+    """The check record an output carries, if any."""
+    data = output.get("data", {}) if output.get("output_type") in ("display_data", "execute_result") else {}
+    record = data.get(MIMETYPE)
+    if isinstance(record, str):
+        try:
+            record = json.loads(record)
+        except json.JSONDecodeError:
+            return None
+    return record if isinstance(record, dict) and {"exercise", "status"} <= record.keys() else None
+
+
+def cell_records(cell: NotebookNode) -> list[dict]:
+    """The check records in one executed cell's outputs, in order."""
+    return [record for output in cell.get("outputs", []) if (record := _record(output)) is not None]
+
+
+def check_records(nb: NotebookNode) -> list[dict]:
+    """Every check record in an executed notebook's outputs, in order."""
+    return [record for cell in nb.cells for record in cell_records(cell)]
+
+
+def load_lesson(solution_path: Path) -> Lesson:
+    """The lesson built from a solution; a solution that breaks the conventions is a :class:`CourseInputError`."""
+    solution = read_notebook(solution_path)
+    found = problems(solution, solution_path.stem)
+    if found:
+        raise CourseInputError(f"{display_path(solution_path)}: {found[0]}")
+    lesson = build_lesson(solution, solution_path.stem)
+    return Lesson(solution_path.stem, lesson, structure(solution), solution_path.parent)
+
+
+def read_submission(path: Path) -> dict:
+    """A submitted notebook as plain JSON (nbformat would silently renumber duplicated cell ids).
+
+    Raises ValueError, with the reason, for a file that is not an nbformat 4 notebook.
+    """
+    try:
+        submission = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{type(error).__name__}: {error}") from None
+    if not isinstance(submission, dict) or not isinstance(submission.get("cells"), list):
+        raise ValueError("no list of cells (is it an nbformat 4 notebook?)")
+    return submission
+
+
+def match_lesson(path: Path, submission: dict | None, names: Sequence[str]) -> str | None:
+    """The lesson a submission is for: its metadata's ``course.lesson``, else the longest name in its file name."""
+    metadata = (submission or {}).get("metadata")
+    course = metadata.get("course") if isinstance(metadata, dict) else None
+    named = course.get("lesson") if isinstance(course, dict) else None
+    if named in names:
+        return named
+    candidates = [name for name in names if name in path.name]
+    return max(candidates, key=len) if candidates else None
+
+
+def _cell_id(cell: dict) -> str | None:
+    """A submitted cell's id (None when it has none, or a broken one)."""
+    cell_id = cell.get("id")
+    return cell_id if isinstance(cell_id, str) else None
+
+
+def _source(cell: dict) -> str:
+    """A submitted cell's source as one string (hand-edited files may hold a list of lines, or junk)."""
+    source = cell.get("source", "")
+    if isinstance(source, list):
+        return "".join(str(line) for line in source)
+    return source if isinstance(source, str) else ""
+
+
+def _fresh_cell(cell: dict, cell_id: str) -> NotebookNode:
+    """A copy of a student's own cell: its source only (no tags, no outputs), under ``cell_id``."""
+    make = {
+        "markdown": nbformat.v4.new_markdown_cell,
+        "raw": nbformat.v4.new_raw_cell,
+    }.get(cell.get("cell_type"), nbformat.v4.new_code_cell)
+    new = make(_source(cell))
+    new.id = cell_id
+    return new
+
+
+def assemble(lesson: Lesson, submission: dict) -> tuple[NotebookNode, set[str]]:
+    """The notebook to run: the lesson, with the student's exercise cells and added cells; all errors allowed.
+
+    Returns it and the ids of exercise cells the submission holds more than once (graded "error").
+    """
+    exercise_cells = {exercise.cell_id for exercise in lesson.layout.exercises}
+    known = {cell.id for cell in lesson.notebook.cells}
+    cells = [(_cell_id(cell), cell) for cell in submission["cells"] if isinstance(cell, dict)]
+    counts = Counter(cell_id for cell_id, _ in cells)
+    duplicated = {cell_id for cell_id in exercise_cells if counts[cell_id] > 1}
+    answers = {
+        cell_id: _source(cell) for cell_id, cell in cells if cell_id in exercise_cells and cell_id not in duplicated
+    }
+    added: dict[str | None, list[NotebookNode]] = defaultdict(list)
+    anchor = None
+    for number, (cell_id, cell) in enumerate(cells):
+        if cell_id in known:
+            anchor = cell_id
+        else:
+            added[anchor].append(_fresh_cell(cell, f"student-added-{number}"))
+    graded = nbformat.v4.new_notebook(metadata=copy.deepcopy(lesson.notebook.metadata))
+    graded.cells.extend(added[None])
+    for cell in lesson.notebook.cells:
+        restored = copy.deepcopy(cell)
+        if cell.id in answers:
+            restored.source = answers[cell.id]
+        elif cell.id in lesson.layout.check_cells:
+            restored.source = f"{CHECK_IMPORT}\n{cell.source}"
+        graded.cells.append(restored)
+        graded.cells.extend(added[cell.id])
+    return allow_errors(graded), duplicated
+
+
+def _read_output(path: Path) -> NotebookNode | None:
+    """An executed notebook, or None if papermill left none (or half a file) behind."""
+    try:
+        return nbformat.read(path, as_version=4)
+    except Exception:  # noqa: BLE001 - a run killed mid-write leaves anything behind
+        return None
+
+
+def _statuses(lesson: Lesson, executed: NotebookNode | None) -> dict[str, tuple[str, str]]:
+    """``exercise id -> (status, message)`` from the records of the lesson's own check cells."""
+    found: dict[str, tuple[str, str]] = {}
+    if executed is None:
+        return found
+    for cell in executed.cells:
+        owned = lesson.layout.check_cells.get(cell.get("id"), ())
+        for record in cell_records(cell):
+            if record["exercise"] in owned:
+                status = record["status"] if record["status"] in STATUSES else ERROR
+                found[record["exercise"]] = (status, str(record.get("message", "")))
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                raised = f"the check cell raised {output.get('ename')}: {output.get('evalue')}"
+                found.update({exercise_id: (ERROR, raised) for exercise_id in owned if exercise_id not in found})
+    return found
+
+
+def _add_summary(path: Path, executed: NotebookNode, grades: list[Grade]) -> None:
+    """Put a markdown cell with the grades at the top of the feedback notebook."""
+    lines = [f"- {format_line(g.exercise, g.status, g.detail)}" for g in grades]
+    summary = nbformat.v4.new_markdown_cell("## Grading summary\n\n" + "\n".join(lines))
+    summary.id = "grading-summary"
+    executed.cells.insert(0, summary)
+    nbformat.write(executed, path)
+
+
+def grade_submission(
+    path: Path, name: str, lessons: dict[str, Path], feedback: Path, timeout: float, cache: dict[str, Lesson]
+) -> list[Grade]:
+    """Grade one submission; every failure becomes "error" rows, never an exception."""
+    try:
+        submission, unreadable = read_submission(path), ""
+    except ValueError as error:
+        submission, unreadable = None, f"not a valid notebook: {error}"
+    lesson_name = match_lesson(path, submission, sorted(lessons))
+    if lesson_name is None:
+        return [Grade(name, "", "", ERROR, "no solution matches its metadata or file name")]
+    try:
+        lesson = cache.get(lesson_name) or cache.setdefault(lesson_name, load_lesson(lessons[lesson_name]))
+    except CourseInputError as error:
+        return [Grade(name, lesson_name, "", ERROR, str(error))]
+    exercise_ids = lesson.layout.exercise_ids
+    if submission is None:
+        return [Grade(name, lesson.name, exercise_id, ERROR, unreadable) for exercise_id in exercise_ids]
+    graded, duplicated = assemble(lesson, submission)
+    feedback.parent.mkdir(parents=True, exist_ok=True)
+    feedback.unlink(missing_ok=True)  # never read a stale result from an earlier grading run
+    with tempfile.TemporaryDirectory(prefix="grade-", ignore_cleanup_errors=True) as tmp:
+        source = Path(tmp) / "graded.ipynb"
+        nbformat.write(graded, source)
+        run = execute(source, feedback, cwd=lesson.solution_dir, work_dir=Path(tmp) / "work", timeout=timeout)
+    executed = _read_output(feedback)
+    found = _statuses(lesson, executed)
+    if run.timed_out:
+        missing = f"no check result: the notebook ran past the {timeout:g} s timeout"
+    else:
+        last = run.log_tail.splitlines()[-1] if run.log_tail else ""
+        missing = f"no check result: the run stopped before this check (exit {run.returncode}) {last}".strip()
+    grades = []
+    for exercise in lesson.layout.exercises:
+        for exercise_id in exercise.check_ids:
+            if exercise.cell_id in duplicated:
+                grades.append(Grade(name, lesson.name, exercise_id, ERROR, "the exercise cell appears more than once"))
+            elif exercise_id in found:
+                grades.append(Grade(name, lesson.name, exercise_id, *found[exercise_id]))
+            else:
+                grades.append(Grade(name, lesson.name, exercise_id, ERROR, missing))
+    if executed is not None:
+        _add_summary(feedback, executed, grades)
+    return grades
+
+
+def submissions(folder: Path, skip: Path) -> list[Path]:
+    """Every notebook under ``folder`` except checkpoints, hidden folders and anything under ``skip``."""
+    found = []
+    for path in sorted(folder.rglob("*.ipynb")):
+        relative = path.relative_to(folder).parts
+        if any(part.startswith(".") for part in relative[:-1]) or path.resolve().is_relative_to(skip.resolve()):
+            continue
+        found.append(path)
+    return found
+
+
+def grade(
+    submissions_dir: Path, out: Path, solutions_dir: Path = SOLUTIONS_DIR, timeout: float = DEFAULT_TIMEOUT_S
+) -> list[Grade]:
+    """Grade every submission in ``submissions_dir``; writes ``out`` (CSV) and ``<out stem>_feedback/``."""
+    if not submissions_dir.is_dir():
+        raise CourseInputError(f"no submissions folder at {submissions_dir}")
+    lessons = {path.stem: path for path in solution_notebooks(solutions_dir)}
+    if not lessons:
+        raise CourseInputError(f"no solution notebooks in {display_path(solutions_dir)}")
+    feedback_dir = out.parent / f"{out.stem}_feedback"
+    paths = submissions(submissions_dir, skip=feedback_dir)
+    if not paths:
+        raise CourseInputError(f"no *.ipynb submissions under {submissions_dir}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cache: dict[str, Lesson] = {}
+    grades: list[Grade] = []
+    for path in paths:
+        relative = path.relative_to(submissions_dir)
+        rows = grade_submission(path, relative.as_posix(), lessons, feedback_dir / relative, timeout, cache)
+        counts = Counter(row.status for row in rows)
+        print(f"{relative.as_posix()}: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s]), flush=True)
+        grades.extend(rows)
+    with out.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(CSV_FIELDS)
+        writer.writerows((g.submission, g.lesson, g.exercise, g.status, g.detail) for g in grades)
+    return grades
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m helpers.grade SUBMISSIONS_DIR --out grades.csv [--solutions DIR] [--timeout S]``."""
+    parser = argparse.ArgumentParser(prog="python -m helpers.grade", description=__doc__.splitlines()[0])
+    parser.add_argument("submissions", type=Path, help="folder of submitted notebooks (searched recursively)")
+    parser.add_argument("--out", type=Path, required=True, help="CSV to write; feedback goes to <name>_feedback/")
+    parser.add_argument("--solutions", type=Path, default=SOLUTIONS_DIR, help="solution notebooks folder")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per notebook")
+    args = parser.parse_args(argv)
+    if args.timeout <= 0:
+        parser.error("--timeout must be positive")
+    try:
+        grades = grade(args.submissions, args.out, args.solutions, args.timeout)
+    except CourseInputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out} ({len(grades)} rows) and {args.out.parent / (args.out.stem + '_feedback')}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""The check framework: one line per check, a record for the grader, never an exception."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import IPython
+import IPython.display
+import pytest
+
+import helpers.checks as checks
+from helpers.checks import (
+    ERROR,
+    FAILED,
+    MIMETYPE,
+    NOT_ATTEMPTED,
+    PASSED,
+    CheckFailed,
+    NotAttempted,
+    check,
+    is_stub,
+    register,
+    require,
+    require_implemented,
+)
+
+
+@pytest.fixture(autouse=True)
+def clean_registry(monkeypatch):
+    """Each test registers into an empty registry."""
+    monkeypatch.setattr(checks, "_REGISTRY", {})
+
+
+@pytest.fixture
+def shown(monkeypatch) -> list[dict]:
+    """Pretend to be inside IPython and collect what ``check`` displays."""
+    captured: list[dict] = []
+    monkeypatch.setattr(IPython, "get_ipython", lambda: object())
+    monkeypatch.setattr(IPython.display, "display", lambda data, raw=False: captured.append({"data": data, "raw": raw}))
+    return captured
+
+
+@pytest.fixture
+def lesson_dir(monkeypatch, tmp_path) -> Path:
+    """A folder searched for ``helpers.checks.lessonN`` modules; what the test imports from it is forgotten after."""
+    monkeypatch.setattr(checks, "__path__", [*checks.__path__, str(tmp_path)])
+    before = set(sys.modules)
+    yield tmp_path
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
+
+
+def register_total() -> None:
+    @register("98.1")
+    def total_is_55(answer) -> str:
+        if answer != 55:
+            raise CheckFailed(f"{answer} is not the sum of 1..10")
+        return "the sum is 55"
+
+
+def test_correct_answer_prints_one_line_and_returns_true(capsys):
+    register_total()
+    assert check("98.1", 55) is True
+    assert capsys.readouterr().out == "✅ 98.1 correct: the sum is 55\n"
+
+
+def test_wrong_answer_prints_the_hint_and_returns_false(capsys):
+    register_total()
+    assert check("98.1", 54) is False
+    assert capsys.readouterr().out == "❌ 98.1 not yet: 54 is not the sum of 1..10\n"
+
+
+@pytest.mark.parametrize("answer", [..., (1, ...), [..., 2]])
+def test_ellipsis_is_not_attempted(capsys, answer):
+    register_total()
+    assert check("98.1", answer) is False
+    assert capsys.readouterr().out.startswith("⏳ 98.1 not attempted")
+
+
+def test_namespace_without_the_name_or_with_ellipsis_is_not_attempted(capsys):
+    @register("98.2")
+    def needs_shards(namespace) -> str:
+        evens, odds = require(namespace, "evens", "odds")
+        return f"{len(evens)} + {len(odds)}"
+
+    assert check("98.2", {"evens": [0, 2]}) is False
+    assert "`odds` is not defined yet" in capsys.readouterr().out
+    assert check("98.2", {"evens": [0], "odds": ...}) is False
+    assert capsys.readouterr().out.startswith("⏳ 98.2 not attempted")
+    assert check("98.2", {"evens": [0], "odds": [1]}) is True
+
+
+def test_a_stub_function_is_not_attempted(capsys):
+    @register("98.3")
+    def square_works(namespace) -> str:
+        square = require(namespace, "square")
+        if square(3) != 9:
+            raise CheckFailed("square(3) should be 9")
+        return "ok"
+
+    def square(x):
+        """Return x squared."""
+        # YOUR CODE HERE
+        ...
+
+    assert check("98.3", {"square": square}) is False
+    assert "`square` is not written yet" in capsys.readouterr().out
+    assert check("98.3", {"square": lambda x: x * x}) is True
+
+
+def test_an_unexpected_exception_is_a_failure_with_its_type(capsys):
+    @register("98.4")
+    def calls_student_code(answer) -> str:
+        return str(answer(0))
+
+    assert check("98.4", lambda x: 1 / x) is False
+    assert capsys.readouterr().out == "❌ 98.4 not yet: ZeroDivisionError: division by zero\n"
+
+
+def test_check_functions_may_raise_not_attempted(capsys):
+    @register("98.5")
+    def unfinished(answer) -> str:
+        raise NotAttempted("train the model first")
+
+    assert check("98.5", 1) is False
+    assert capsys.readouterr().out == "⏳ 98.5 not attempted: train the model first\n"
+
+
+@pytest.mark.parametrize("exercise_id", ["98.404", "bad id", "x.1"])
+def test_unknown_or_malformed_ids_print_an_error_line(capsys, exercise_id):
+    assert check(exercise_id, 1) is False
+    assert capsys.readouterr().out.startswith(f"⚠️ {exercise_id} could not be checked")
+
+
+def test_lesson_modules_are_imported_lazily(lesson_dir, capsys):
+    (lesson_dir / "lesson97.py").write_text(
+        "from helpers.checks import register\n\n"
+        "@register('97.1')\n"
+        "def always(answer):\n"
+        "    return 'registered by lesson97'\n"
+    )
+    assert check("97.1", 1) is True
+    assert "registered by lesson97" in capsys.readouterr().out
+
+
+def test_a_broken_lesson_module_is_reported_not_raised(lesson_dir, capsys):
+    (lesson_dir / "lesson96.py").write_text("import a_module_that_does_not_exist\n")
+    assert check("96.1", 1) is False
+    out = capsys.readouterr().out
+    assert out.startswith("⚠️ 96.1 could not be checked: could not load the check: ModuleNotFoundError")
+
+
+def test_inside_ipython_the_line_and_the_record_are_one_display(shown):
+    register_total()
+    check("98.1", 54)
+    check("98.1", ...)
+    assert [item["raw"] for item in shown] == [True, True]
+    first, second = (item["data"] for item in shown)
+    assert first["text/plain"] == "❌ 98.1 not yet: 54 is not the sum of 1..10"
+    assert first[MIMETYPE] == {"exercise": "98.1", "status": FAILED, "message": "54 is not the sum of 1..10"}
+    assert second[MIMETYPE]["status"] == NOT_ATTEMPTED
+    assert json.loads(json.dumps(first[MIMETYPE])) == first[MIMETYPE]
+
+
+def test_records_are_deterministic_and_use_the_four_statuses(shown):
+    register_total()
+    for answer in (55, 55, 1, ...):
+        check("98.1", answer)
+    check("98.9", 1)
+    records = [item["data"][MIMETYPE] for item in shown]
+    assert records[0] == records[1]
+    assert [record["status"] for record in records] == [PASSED, PASSED, FAILED, NOT_ATTEMPTED, ERROR]
+
+
+def test_require_reads_attributes_too():
+    class Answers:
+        learning_rate = 0.1
+
+    assert require(Answers, "learning_rate") == 0.1
+    with pytest.raises(NotAttempted):
+        require(Answers, "momentum")
+
+
+def test_stub_detection():
+    def stub(self):
+        """Docstring only."""
+
+    def passes():
+        pass
+
+    def real(x):
+        return x
+
+    def prints(x):
+        print(x)
+
+    assert is_stub(stub) and is_stub(passes)
+    assert not any(is_stub(thing) for thing in (real, prints, 3, print, int))
+    with pytest.raises(NotAttempted, match="stub"):
+        require_implemented(real, stub)

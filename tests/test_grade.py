@@ -1,0 +1,186 @@
+"""``helpers.grade``: a folder of broken, cheating and partly correct submissions grades to the right statuses."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from helpers.course import build_lesson, read_notebook
+from helpers.grade import CHECK_IMPORT, RAISES_TAG, assemble, check_records, load_lesson, match_lesson
+from helpers.workdir import REPO_ROOT
+
+FIXTURE = REPO_ROOT / "tests" / "fixtures" / "solutions" / "99_course_fixture.ipynb"
+NAME = FIXTURE.stem
+RIGHT = {
+    "ex1": "total = sum(range(1, N + 1))",
+    "ex2": "def square(x):\n    return x ** 2",
+    "ex3": "evens = list(range(0, N, 2))\nodds = list(range(1, N, 2))",
+}
+FAKE_RECORD = (
+    "from IPython.display import display\n"
+    "def check(*args):\n"
+    "    display({'application/vnd.course-check+json': "
+    "{'exercise': args[0], 'status': 'passed', 'message': 'fake'}}, raw=True)\n"
+    "check('99.2', None)"
+)
+
+
+def lesson() -> nbformat.NotebookNode:
+    """The fixture's lesson, as a student downloads it."""
+    return build_lesson(read_notebook(FIXTURE), NAME)
+
+
+def answered(answers: dict[str, str], base: nbformat.NotebookNode | None = None) -> nbformat.NotebookNode:
+    """A copy of the lesson with some exercise cells answered."""
+    nb = copy.deepcopy(base or lesson())
+    for cell in nb.cells:
+        if cell.id in answers:
+            cell.source = answers[cell.id]
+    return nb
+
+
+def without(nb: nbformat.NotebookNode, *cell_ids: str) -> nbformat.NotebookNode:
+    nb.cells = [cell for cell in nb.cells if cell.id not in cell_ids]
+    return nb
+
+
+def cell_index(nb: nbformat.NotebookNode, cell_id: str) -> int:
+    return next(i for i, cell in enumerate(nb.cells) if cell.id == cell_id)
+
+
+def submissions_folder(root: Path) -> dict[str, dict[str, str]]:
+    """Write the class's submissions under ``root``; return the expected status of each exercise."""
+    write = lambda name, nb: (root / name).parent.mkdir(parents=True, exist_ok=True) or nbformat.write(nb, root / name)  # noqa: E731
+    expected: dict[str, dict[str, str]] = {}
+
+    write("alice__99_course_fixture.ipynb", answered(RIGHT))
+    expected["alice__99_course_fixture.ipynb"] = dict.fromkeys(["99.1", "99.2", "99.3"], "passed")
+
+    partly = answered({"ex1": RIGHT["ex1"], "ex2": "def square(x):\n    return 2 * x"})
+    write("bob/99_course_fixture.ipynb", partly)
+    expected["bob/99_course_fixture.ipynb"] = {"99.1": "passed", "99.2": "failed", "99.3": "not attempted"}
+
+    (root / "carol__99_course_fixture.ipynb").write_text('{"cells": [{"cell_type": "code", "sou')
+    expected["carol__99_course_fixture.ipynb"] = dict.fromkeys(["99.1", "99.2", "99.3"], "error")
+
+    write("dave__99_course_fixture.ipynb", answered({**RIGHT, "ex1": "import time\nwhile True:\n    time.sleep(0.1)"}))
+    expected["dave__99_course_fixture.ipynb"] = dict.fromkeys(["99.1", "99.2", "99.3"], "error")
+
+    write("erin__99_course_fixture.ipynb", answered({**RIGHT, "ex1": "total = 1 / 0"}))
+    expected["erin__99_course_fixture.ipynb"] = {"99.1": "error", "99.2": "passed", "99.3": "passed"}
+
+    deleted = without(answered(RIGHT), "ex2-check", "setup", "parameters")
+    write("frank__99_course_fixture.ipynb", deleted)
+    expected["frank__99_course_fixture.ipynb"] = dict.fromkeys(["99.1", "99.2", "99.3"], "passed")
+
+    cheat = answered({"ex1": "total = 0", "ex1-check": "check = lambda *args: True\ncheck('99.1', total)"})
+    cheat.cells.insert(cell_index(cheat, "ex2") + 1, nbformat.v4.new_code_cell(FAKE_RECORD))
+    cheat.cells[cell_index(cheat, "ex3")].source = FAKE_RECORD.replace("99.2", "99.3")
+    write("grace__99_course_fixture.ipynb", cheat)
+    expected["grace__99_course_fixture.ipynb"] = {"99.1": "failed", "99.2": "not attempted", "99.3": "not attempted"}
+
+    twice = answered(RIGHT)
+    twice.cells.insert(cell_index(twice, "ex2"), copy.deepcopy(twice.cells[cell_index(twice, "ex2")]))
+    (root / "heidi__99_course_fixture.ipynb").write_text(json.dumps(twice))  # nbformat.write would renumber the copy
+    expected["heidi__99_course_fixture.ipynb"] = {"99.1": "passed", "99.2": "error", "99.3": "passed"}
+
+    renamed = answered(RIGHT)
+    write("ivan_homework.ipynb", renamed)  # found by the notebook's metadata
+    expected["ivan_homework.ipynb"] = dict.fromkeys(["99.1", "99.2", "99.3"], "passed")
+
+    write("judy_something_else.ipynb", nbformat.v4.new_notebook())
+    expected["judy_something_else.ipynb"] = {"": "error"}
+    return expected
+
+
+@pytest.mark.slow
+def test_a_class_grades_to_the_right_statuses(tmp_path):
+    expected = submissions_folder(tmp_path / "submissions")
+    out = tmp_path / "out" / "grades.csv"
+    result = subprocess.run(
+        [sys.executable, "-m", "helpers.grade", str(tmp_path / "submissions"), "--out", str(out),
+         "--solutions", str(FIXTURE.parent), "--timeout", "25"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    with out.open(newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    graded: dict[str, dict[str, str]] = {}
+    for row in rows:
+        graded.setdefault(row["submission"], {})[row["exercise"]] = row["status"]
+    assert graded == expected, "\n".join(f"{r['submission']} {r['exercise']} {r['status']}: {r['detail']}" for r in rows)
+    details = {(row["submission"], row["exercise"]): row["detail"] for row in rows}
+    assert "25 s timeout" in details["dave__99_course_fixture.ipynb", "99.1"]
+    assert "not a valid notebook" in details["carol__99_course_fixture.ipynb", "99.1"]
+    assert "more than once" in details["heidi__99_course_fixture.ipynb", "99.2"]
+    assert "the check cell raised NameError" in details["erin__99_course_fixture.ipynb", "99.1"]
+    assert {row["lesson"] for row in rows} == {NAME, ""}
+
+    feedback = tmp_path / "out" / "grades_feedback"
+    bob = read_notebook(feedback / "bob" / "99_course_fixture.ipynb")
+    assert bob.cells[0].id == "grading-summary" and "❌ 99.2 not yet" in bob.cells[0].source
+    assert [r["status"] for r in check_records(bob)] == ["passed", "failed", "not attempted"]
+    assert not (feedback / "carol__99_course_fixture.ipynb").exists()
+
+
+def test_assemble_takes_only_exercise_and_added_cells_from_the_student():
+    graded_lesson = load_lesson(FIXTURE)
+    submission = answered({**RIGHT, "ex1-check": "print('edited')", "intro": "# edited"})
+    submission.cells.insert(cell_index(submission, "ex1") + 1, nbformat.v4.new_code_cell("helper = 1"))
+    submission.cells[-1].metadata["tags"] = ["parameters"]
+    graded, duplicated = assemble(graded_lesson, without(submission, "ex2-check"))
+    by_id = {cell.id: cell for cell in graded.cells}
+    ids = [cell.id for cell in graded.cells]
+    assert duplicated == set()
+    assert by_id["ex1"].source == RIGHT["ex1"]
+    assert by_id["ex1-check"].source == f'{CHECK_IMPORT}\ncheck("99.1", total);'
+    assert by_id["intro"].source.startswith("# 99 · Course fixture")
+    assert "ex2-check" in ids
+    added = ids[ids.index("ex1") + 1]
+    assert added.startswith("student-added-") and by_id[added].source == "helper = 1"
+    assert by_id[ids[-1]].metadata.get("tags") == [RAISES_TAG]
+    assert all(RAISES_TAG in cell.metadata["tags"] for cell in graded.cells if cell.cell_type == "code")
+
+
+def test_assemble_reports_duplicated_exercise_cells_and_uses_stubs_for_missing_ones():
+    graded_lesson = load_lesson(FIXTURE)
+    submission = answered(RIGHT)
+    submission.cells.append(copy.deepcopy(submission.cells[cell_index(submission, "ex3")]))
+    graded, duplicated = assemble(graded_lesson, without(submission, "ex1"))
+    by_id = {cell.id: cell for cell in graded.cells}
+    assert duplicated == {"ex3"}
+    assert by_id["ex1"].source == "# YOUR CODE HERE\ntotal = ..."
+    assert by_id["ex3"].source == "# YOUR CODE HERE\nevens = ...\nodds = ..."
+
+
+def test_match_lesson_by_metadata_then_longest_name():
+    names = ["01_data", "01_data_lake", "02_lightning"]
+    tagged = nbformat.v4.new_notebook(metadata={"course": {"lesson": "02_lightning"}})
+    assert match_lesson(Path("alice__01_data_lake.ipynb"), tagged, names) == "02_lightning"
+    assert match_lesson(Path("alice__01_data_lake.ipynb"), None, names) == "01_data_lake"
+    assert match_lesson(Path("bob/01_data.ipynb"), nbformat.v4.new_notebook(), names) == "01_data"
+    assert match_lesson(Path("notes.ipynb"), None, names) is None
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["{tmp}/nowhere", "--out", "{tmp}/g.csv"], "error: no submissions folder"),
+        (["{tmp}", "--out", "{tmp}/g.csv", "--solutions", "{tmp}/none"], "error: no solutions folder"),
+        (["{tmp}", "--out", "{tmp}/g.csv", "--solutions", str(FIXTURE.parent)], "error: no *.ipynb submissions"),
+    ],
+)
+def test_bad_input_is_one_line(tmp_path, args, message):
+    result = subprocess.run(
+        [sys.executable, "-m", "helpers.grade", *(a.format(tmp=tmp_path) for a in args)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.startswith(message) and result.stderr.strip().count("\n") == 0
