@@ -234,3 +234,7 @@ class PetastormBatches:
         if self._context is not None:
             self._context.__exit__(None, None, None)
         self._context, self._iterator = None, None
+
+    def __del__(self) -> None:
+        # A forgotten close() must not leave reader threads running.
+        self.close()

@@ -1,4 +1,4 @@
-"""Plots a reader would rather look at than read: sample images, class balance, loss curves."""
+"""What the notebooks show: sample images, class balance, loss curves, and the source of a helper."""
 
 from __future__ import annotations
 
@@ -57,3 +57,12 @@ def loss_curves(history: pd.DataFrame, title: str = "Loss per epoch"):
     ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+def show_source(obj) -> None:
+    """Show the source code of a helper function or class in the notebook, syntax-highlighted."""
+    import inspect
+
+    from IPython.display import Code, display
+
+    display(Code(inspect.getsource(obj), language="python"))
