@@ -1,0 +1,470 @@
+"""A real Spark standalone cluster on this machine, for lesson 4 (multi-node scaling) without a cloud account.
+
+``LocalCluster`` starts one Spark master and N workers as separate JVM processes on 127.0.0.1 (with the
+``spark-class`` script of the pip package of pyspark), waits until every worker has registered and the application
+has one executor per worker, and hands out a SparkSession connected to it::
+
+    with LocalCluster(workers=2) as cluster:
+        spark = cluster.spark            # tasks run in 2 executor JVMs, one per worker
+        print(cluster.ui_url)            # the master's web UI
+        cluster.kill_worker(1)           # lesson 4's fault demonstration
+
+Given the ``master_url`` of an instructor's cluster it starts nothing and only connects. On exit (also after an
+error, at interpreter exit and on SIGTERM/SIGHUP) it stops the session and every process it started, so no JVM of
+ours is left running.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import psutil
+
+from helpers import CourseInputError
+from helpers.spark import configure_python_env, find_java_home, get_spark
+from helpers.workdir import work_path
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+HOST = "127.0.0.1"
+MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+# Spark refuses executors below 1.5 x its 300 MiB reserved memory; a worker must hold one such executor.
+MIN_EXECUTOR_MB = 450
+MIN_WORKER_MB = 512
+# Heap of the master and worker daemons themselves (not of the executors they launch).
+DAEMON_MEMORY = "512m"
+_MEMORY_RE = re.compile(r"^\s*(\d+)\s*([kmgt])b?\s*$", re.IGNORECASE)
+_MB_PER_UNIT = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+# Clusters started by this process and not yet stopped: cleaned up at exit and on SIGTERM/SIGHUP.
+_LIVE: set[LocalCluster] = set()
+
+
+class ClusterStartError(RuntimeError):
+    """The local cluster did not come up: the message names the log file to read."""
+
+
+def parse_memory_mb(memory: str) -> int:
+    """Megabytes in a Spark memory string such as ``"1g"``, ``"512m"`` or ``"2048MB"``.
+
+    Raises ``CourseInputError`` for anything else (a bare number is refused: Spark would read it as bytes).
+    """
+    match = _MEMORY_RE.match(memory) if isinstance(memory, str) else None
+    if match is None:
+        raise CourseInputError(f"memory_per_worker={memory!r} is not a memory size: use a string like '1g' or '512m'.")
+    return int(int(match.group(1)) * _MB_PER_UNIT[match.group(2).lower()])
+
+
+def executor_memory_mb(worker_mb: int) -> int:
+    """Executor heap for a worker of ``worker_mb`` MB: three quarters of it (room for the Python workers), at
+    least Spark's minimum of 450 MB."""
+    return max(MIN_EXECUTOR_MB, worker_mb * 3 // 4)
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports that are free on 127.0.0.1 now (bound to port 0 together, then released)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((HOST, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def master_state(ui_url: str, timeout: float = 2.0) -> dict[str, Any]:
+    """The master's state as its web UI reports it at ``<ui_url>/json/`` (workers, apps, status)."""
+    with urllib.request.urlopen(f"{ui_url.rstrip('/')}/json/", timeout=timeout) as response:
+        return json.load(response)
+
+
+def alive_workers(state: dict[str, Any]) -> int:
+    """Number of workers in state ALIVE in a ``master_state`` answer."""
+    return sum(1 for worker in state.get("workers", []) if worker.get("state") == "ALIVE")
+
+
+def spark_class() -> Path:
+    """The ``bin/spark-class`` launcher shipped in the pyspark package."""
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent / "bin" / "spark-class"
+
+
+@dataclass
+class _Daemon:
+    """One JVM this cluster started: its role, process and log file."""
+
+    name: str
+    process: subprocess.Popen
+    log: Path
+
+    def exit_message(self) -> str | None:
+        """None while running; otherwise one line saying it exited and where its log is, with the log's last line."""
+        code = self.process.poll()
+        if code is None:
+            return None
+        lines = self.log.read_text(errors="replace").strip().splitlines() if self.log.exists() else []
+        last = f" (last line: {lines[-1].strip()})" if lines else ""
+        return f"Spark {self.name} exited with code {code}; see {self.log}{last}"
+
+
+class LocalCluster:
+    """A Spark standalone cluster of ``workers`` worker JVMs on this machine, or a connection to an existing one.
+
+    Use it as a context manager; ``__enter__`` returns the cluster, whose ``spark`` is the connected SparkSession
+    (a SparkContext already active in this process is stopped first: there can be only one per process). The
+    application gets one executor per worker with ``cores_per_worker`` cores and three quarters of
+    ``memory_per_worker`` as heap, ``workers * cores_per_worker`` cores in all, and ``__enter__`` returns only once
+    all those executors have registered (or raises ``ClusterStartError`` after ``start_timeout`` seconds).
+
+    With ``master_url`` (``spark://HOST:PORT``, an instructor's cluster) nothing is started and on exit only the
+    session is stopped; ``workers`` etc. then size what the application asks of that cluster.
+
+    The master, workers, and the executors and Python workers under them are stopped on ``__exit__``, at interpreter
+    exit, on SIGTERM/SIGHUP (when no other handler is installed), and, where ``setpriv`` exists, by the kernel if
+    this process is killed outright (parent-death signal: the JVMs die with the thread that started them, so start
+    the cluster from the main thread).
+    """
+
+    def __init__(
+        self,
+        workers: int = 2,
+        cores_per_worker: int = 1,
+        memory_per_worker: str = "1g",
+        master_url: str | None = None,
+        app_name: str = "scaling-dl-on-spark-cluster",
+        work: str | os.PathLike | None = None,
+        start_timeout: float = 60.0,
+        stop_timeout: float = 15.0,
+    ) -> None:
+        for name, value in (("workers", workers), ("cores_per_worker", cores_per_worker)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise CourseInputError(f"{name}={value!r}: it must be a whole number of at least 1.")
+        self.worker_mb = parse_memory_mb(memory_per_worker)
+        if self.worker_mb < MIN_WORKER_MB:
+            raise CourseInputError(
+                f"memory_per_worker={memory_per_worker!r} is below Spark's minimum for a worker: use at least '512m'."
+            )
+        if master_url is not None and not re.match(r"^spark://[^/:]+:\d+$", master_url):
+            raise CourseInputError(f"master_url={master_url!r} is not a standalone master: use 'spark://HOST:PORT'.")
+        self.workers = workers
+        self.cores_per_worker = cores_per_worker
+        self.app_name = app_name
+        self.work = work
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.connect_only = master_url is not None
+        self.master_url: str | None = master_url
+        self.ui_url: str | None = None
+        self.log_dir: Path | None = None
+        self.spark: SparkSession | None = None
+        self._daemons: list[_Daemon] = []
+
+    # -- life cycle -------------------------------------------------------------------------------------------
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def start(self) -> LocalCluster:
+        """Start the master and workers (unless connecting to ``master_url``), then connect ``self.spark``."""
+        if self.spark is not None:
+            raise CourseInputError("This LocalCluster is already running: use its .spark, or stop() it first.")
+        self._daemons = []
+        _LIVE.add(self)
+        _install_signal_handlers()
+        try:
+            if not self.connect_only:
+                self._start_processes()
+            self.spark = self._connect()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the session, then every process this cluster started (SIGTERM, SIGKILL after ``stop_timeout``)."""
+        try:
+            if self.spark is not None:
+                self.spark.stop()
+        finally:
+            self.spark = None
+            self._kill_processes()
+            _LIVE.discard(self)
+
+    # -- what tests and lessons look at -------------------------------------------------------------------------
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the JVMs the last ``start()`` launched, the master first, then the workers (kept after
+        ``stop()`` so that one can check they are gone; empty when connected to ``master_url``)."""
+        return [daemon.process.pid for daemon in self._daemons]
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the worker JVMs, in worker index order."""
+        return [daemon.process.pid for daemon in self._daemons if daemon.name.startswith("worker")]
+
+    def alive_workers(self) -> int:
+        """How many workers the master currently counts as ALIVE."""
+        if self.ui_url is None:
+            raise CourseInputError("alive_workers() needs a cluster this LocalCluster started (no master_url).")
+        return alive_workers(master_state(self.ui_url))
+
+    def kill_worker(self, index: int) -> int:
+        """SIGKILL worker ``index`` (0-based) with its executor JVM and Python workers, as a crashed machine would
+        die; returns the worker's pid. The master notices the lost connection and marks the worker DEAD."""
+        worker_pids = self.worker_pids()
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(worker_pids):
+            raise CourseInputError(
+                f"kill_worker({index!r}): this cluster started {len(worker_pids)} workers, "
+                f"use 0 to {len(worker_pids) - 1}."
+            )
+        daemon = next(d for d in self._daemons if d.process.pid == worker_pids[index])
+        if daemon.process.poll() is not None:
+            raise CourseInputError(
+                f"kill_worker({index}): that worker is not running (killed before, or the cluster stopped)."
+            )
+        tree = _process_tree(daemon.process.pid)
+        for proc in tree:
+            _signal(proc, signal.SIGKILL)
+        psutil.wait_procs(tree, timeout=self.stop_timeout)
+        daemon.process.wait(timeout=self.stop_timeout)
+        return daemon.process.pid
+
+    # -- internals ----------------------------------------------------------------------------------------------
+
+    def _start_processes(self) -> None:
+        """Start the master, wait for its web UI, start the workers and wait until all have registered."""
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        run = f"{stamp}-{os.getpid()}-{id(self):x}"
+        self.log_dir = work_path("cluster", run, "master.log", override=self.work).parent
+        master_port, master_ui, *worker_uis = free_ports(2 + self.workers)
+        self.master_url = f"spark://{HOST}:{master_port}"
+        self.ui_url = f"http://{HOST}:{master_ui}"
+        env = self._daemon_env()
+        master = self._launch(
+            "master", [MASTER_CLASS, "--host", HOST, "--port", str(master_port), "--webui-port", str(master_ui)], env
+        )
+        self._wait_until(lambda state: state.get("status") == "ALIVE", "the master to come up", [master])
+        for i, ui_port in enumerate(worker_uis):
+            worker_dir = self.log_dir / f"worker-{i}"
+            worker_dir.mkdir(parents=True, exist_ok=True)
+            self._launch(
+                f"worker-{i}",
+                [
+                    WORKER_CLASS, self.master_url,
+                    "--cores", str(self.cores_per_worker), "--memory", f"{self.worker_mb}m",
+                    "--host", HOST, "--webui-port", str(ui_port), "--work-dir", str(worker_dir),
+                ],
+                env,
+            )
+        self._wait_until(
+            lambda state: alive_workers(state) >= self.workers, f"{self.workers} workers to register", self._daemons
+        )
+        print(f"Spark master {self.master_url} with {self.workers} workers; web UI {self.ui_url}; logs {self.log_dir}")
+
+    def _daemon_env(self) -> dict[str, str]:
+        """Environment of the master and workers: Java, loopback only, and this interpreter for Python workers."""
+        configure_python_env()
+        env = dict(os.environ)
+        env.update(
+            JAVA_HOME=str(find_java_home()),
+            SPARK_HOME=str(spark_class().parent.parent),
+            SPARK_LOCAL_IP=HOST,
+            SPARK_DAEMON_MEMORY=DAEMON_MEMORY,
+            PYSPARK_PYTHON=sys.executable,
+        )
+        return env
+
+    def _launch(self, name: str, args: list[str], env: dict[str, str]) -> _Daemon:
+        """Start one daemon JVM in its own process group, its output in ``<log_dir>/<name>.log``."""
+        assert self.log_dir is not None
+        log = self.log_dir / f"{name}.log"
+        command = [str(spark_class()), *args]
+        setpriv = shutil.which("setpriv")
+        if setpriv:
+            command = [setpriv, "--pdeathsig", "TERM", "--", *command]
+        with open(log, "wb") as out:
+            process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,
+            )
+        daemon = _Daemon(name, process, log)
+        self._daemons.append(daemon)
+        return daemon
+
+    def _wait_until(self, ready: Callable[[dict[str, Any]], bool], what: str, daemons: list[_Daemon]) -> None:
+        """Poll the master's JSON until ``ready(state)``; raise ``ClusterStartError`` naming the log files if one
+        of ``daemons`` exits or ``start_timeout`` runs out."""
+        assert self.ui_url is not None
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            for daemon in daemons:
+                message = daemon.exit_message()
+                if message:
+                    raise ClusterStartError(f"{message}. Waiting for {what}.")
+            try:
+                if ready(master_state(self.ui_url)):
+                    return
+            except (urllib.error.URLError, OSError, ValueError):
+                pass  # the web UI is not up yet
+            if time.monotonic() > deadline:
+                logs = ", ".join(str(d.log) for d in daemons)
+                raise ClusterStartError(
+                    f"Timed out after {self.start_timeout:g} s waiting for {what}; see {logs}."
+                )
+            time.sleep(0.25)
+
+    def _connect(self) -> SparkSession:
+        """A SparkSession on ``master_url`` whose executors fit the workers, once all of them have registered."""
+        from pyspark import SparkContext
+
+        active = SparkContext._active_spark_context
+        if active is not None:
+            print(f"Stopping the active SparkContext ({active.master}): a process can have only one.")
+            active.stop()
+        executor_conf = {
+            "spark.executor.cores": str(self.cores_per_worker),
+            "spark.executor.memory": f"{executor_memory_mb(self.worker_mb)}m",
+            "spark.task.cpus": "1",
+            "spark.cores.max": str(self.workers * self.cores_per_worker),
+        }
+        with _spark_properties(executor_conf):
+            spark = get_spark(app_name=self.app_name, master=self.master_url, work=self.work)
+        try:
+            self._wait_for_executors(spark)
+        except BaseException:
+            spark.stop()
+            raise
+        return spark
+
+    def _wait_for_executors(self, spark: SparkSession) -> None:
+        """Wait until the application has one executor per worker, so the first job already spreads over all."""
+        deadline = time.monotonic() + self.start_timeout
+        # getExecutorInfos() lists the driver too.
+        while len(spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()) < self.workers + 1:
+            if time.monotonic() > deadline:
+                where = f"the executor logs under {self.log_dir}" if self.log_dir else "its free cores and memory"
+                raise ClusterStartError(
+                    f"Timed out after {self.start_timeout:g} s waiting for {self.workers} executors on "
+                    f"{self.master_url}; check {where}."
+                )
+            time.sleep(0.25)
+
+    def _kill_processes(self) -> None:
+        """SIGTERM every started process group and descendant, SIGKILL what is left after ``stop_timeout``, reap.
+
+        Groups are signalled only while their leader is unreaped, so a reused pid can never be hit.
+        """
+        daemons = [daemon for daemon in self._daemons if daemon.process.returncode is None]
+        tree = [proc for daemon in reversed(daemons) for proc in _process_tree(daemon.process.pid)]
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for daemon in reversed(daemons):
+                if daemon.process.poll() is None:
+                    _signal_group(daemon.process.pid, sig)
+            for proc in tree:
+                _signal(proc, sig)
+            _, tree = psutil.wait_procs(tree, timeout=self.stop_timeout)
+        for daemon in daemons:
+            daemon.process.wait(timeout=self.stop_timeout)
+
+
+def _process_tree(pid: int) -> list[psutil.Process]:
+    """The process ``pid`` and all its descendants (the Python daemons start their own process groups)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _signal(proc: psutil.Process, sig: int) -> None:
+    """Send ``sig`` to ``proc`` unless it is already gone."""
+    try:
+        proc.send_signal(sig)
+    except psutil.NoSuchProcess:
+        pass
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    """Send ``sig`` to process group ``pgid`` unless no process of it is left."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+@contextmanager
+def _spark_properties(conf: dict[str, str]) -> Iterator[None]:
+    """Make ``conf`` part of the next SparkContext's configuration, then take it out again.
+
+    ``get_spark`` builds its own SparkConf, which loads the ``spark.*`` Java system properties of the py4j gateway
+    JVM: set them there when the gateway runs, or pass them as ``--conf`` when it is about to be launched.
+    """
+    from pyspark import SparkContext
+
+    submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS")
+    if SparkContext._jvm is None:
+        confs = " ".join(f"--conf {key}={value}" for key, value in conf.items())
+        os.environ["PYSPARK_SUBMIT_ARGS"] = f"{confs} {submit_args or 'pyspark-shell'}"
+    else:
+        for key, value in conf.items():
+            SparkContext._jvm.java.lang.System.setProperty(key, value)
+    try:
+        yield
+    finally:
+        if submit_args is None:
+            os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
+        else:
+            os.environ["PYSPARK_SUBMIT_ARGS"] = submit_args
+        if SparkContext._jvm is not None:
+            for key in conf:
+                SparkContext._jvm.java.lang.System.clearProperty(key)
+
+
+def _kill_all() -> None:
+    """Kill the processes of every cluster not stopped yet (at interpreter exit, where pyspark's own exit hook has
+    already shut the driver's JVM down, so the sessions go with it)."""
+    for cluster in list(_LIVE):
+        cluster._kill_processes()
+
+
+def _kill_all_and_reraise(signum: int, frame: object) -> None:
+    """SIGTERM/SIGHUP handler: kill our clusters' processes, then die of the signal as we would have."""
+    _kill_all()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_signal_handlers() -> None:
+    """Catch SIGTERM and SIGHUP where nobody else does (main thread only; Jupyter and pytest keep theirs)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _kill_all_and_reraise)
+
+
+atexit.register(_kill_all)
