@@ -29,11 +29,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
 
 import psutil
 
@@ -137,7 +136,9 @@ class LocalCluster:
     all those executors have registered (or raises ``ClusterStartError`` after ``start_timeout`` seconds).
 
     With ``master_url`` (``spark://HOST:PORT``, an instructor's cluster) nothing is started and on exit only the
-    session is stopped; ``workers`` etc. then size what the application asks of that cluster.
+    session is stopped; ``workers`` etc. then size what the application asks of that cluster. ``spark_conf`` adds
+    Spark properties to the application (and may override the executor sizing): failure handling such as
+    ``spark.task.maxFailures``, GPU scheduling such as ``spark.task.resource.gpu.amount``, shared storage.
 
     The master, workers, and the executors and Python workers under them are stopped on ``__exit__``, at interpreter
     exit, on SIGTERM/SIGHUP (when no other handler is installed), and, where ``setpriv`` exists, by the kernel if
@@ -155,6 +156,7 @@ class LocalCluster:
         work: str | os.PathLike | None = None,
         start_timeout: float = 60.0,
         stop_timeout: float = 15.0,
+        spark_conf: dict[str, str] | None = None,
     ) -> None:
         for name, value in (("workers", workers), ("cores_per_worker", cores_per_worker)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -170,6 +172,7 @@ class LocalCluster:
         self.cores_per_worker = cores_per_worker
         self.app_name = app_name
         self.work = work
+        self.spark_conf = {key: str(value) for key, value in (spark_conf or {}).items()}
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.connect_only = master_url is not None
@@ -351,8 +354,10 @@ class LocalCluster:
             "spark.task.cpus": "1",
             "spark.cores.max": str(self.workers * self.cores_per_worker),
         }
-        with _spark_properties(executor_conf):
-            spark = get_spark(app_name=self.app_name, master=self.master_url, work=self.work)
+        spark = get_spark(
+            app_name=self.app_name, master=self.master_url, work=self.work,
+            extra_conf={**executor_conf, **self.spark_conf},
+        )
         try:
             self._wait_for_executors(spark)
         except BaseException:
@@ -414,34 +419,6 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
-
-
-@contextmanager
-def _spark_properties(conf: dict[str, str]) -> Iterator[None]:
-    """Make ``conf`` part of the next SparkContext's configuration, then take it out again.
-
-    ``get_spark`` builds its own SparkConf, which loads the ``spark.*`` Java system properties of the py4j gateway
-    JVM: set them there when the gateway runs, or pass them as ``--conf`` when it is about to be launched.
-    """
-    from pyspark import SparkContext
-
-    submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS")
-    if SparkContext._jvm is None:
-        confs = " ".join(f"--conf {key}={value}" for key, value in conf.items())
-        os.environ["PYSPARK_SUBMIT_ARGS"] = f"{confs} {submit_args or 'pyspark-shell'}"
-    else:
-        for key, value in conf.items():
-            SparkContext._jvm.java.lang.System.setProperty(key, value)
-    try:
-        yield
-    finally:
-        if submit_args is None:
-            os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
-        else:
-            os.environ["PYSPARK_SUBMIT_ARGS"] = submit_args
-        if SparkContext._jvm is not None:
-            for key in conf:
-                SparkContext._jvm.java.lang.System.clearProperty(key)
 
 
 def _kill_all() -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from helpers import CourseInputError
@@ -64,19 +66,48 @@ def petastorm_cache_url(work: str | os.PathLike | None = None) -> str:
     return cache.as_uri()
 
 
+@contextmanager
+def _no_lasting_properties(conf: dict[str, str]) -> Iterator[None]:
+    """Keep ``conf`` out of later sessions of this process.
+
+    Starting a SparkContext copies its properties into the Java system properties of the py4j gateway JVM, and
+    every later ``SparkConf()`` loads those: a local session started after a cluster session would inherit the
+    cluster's executor sizing. Afterwards, each key of ``conf`` gets back the system property it had before
+    (none, usually).
+    """
+    from pyspark import SparkContext
+
+    def system():
+        return SparkContext._jvm.java.lang.System if SparkContext._jvm is not None else None
+
+    before = {key: system().getProperty(key) for key in conf} if system() is not None else dict.fromkeys(conf)
+    try:
+        yield
+    finally:
+        if system() is not None:
+            for key, value in before.items():
+                if value is None:
+                    system().clearProperty(key)
+                else:
+                    system().setProperty(key, value)
+
+
 def get_spark(
     app_name: str = "scaling-dl-on-spark",
     cores: int | None = None,
     master: str | None = None,
     work: str | os.PathLike | None = None,
     log_level: str = "ERROR",
+    extra_conf: dict[str, str] | None = None,
 ):
     """Return a SparkSession for the course.
 
     On Databricks (or anywhere a session is already active) the active session is reused. Otherwise a local
     session is started on ``cores`` cores (all by default), or one connected to ``master`` (``spark://HOST:PORT``).
     The Petastorm cache goes under the work directory unless the session already names one (shared storage on
-    a cluster).
+    a cluster). ``extra_conf`` adds Spark properties (``{"spark.executor.cores": "1"}``) to a session this call
+    starts, after the course's own settings so that it can override them; a reused active session keeps its
+    configuration.
     """
     from pyspark.sql import SparkSession
 
@@ -99,7 +130,10 @@ def get_spark(
             .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
             .config("spark.sql.session.timeZone", "UTC")
         )
-        spark = builder.getOrCreate()
+        for key, value in (extra_conf or {}).items():
+            builder = builder.config(key, str(value))
+        with _no_lasting_properties(extra_conf or {}):
+            spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel(log_level)
     if not spark.conf.get(PETASTORM_CACHE_CONF, None):
         spark.conf.set(PETASTORM_CACHE_CONF, petastorm_cache_url(work))
