@@ -1,14 +1,25 @@
 """Single source for the course's notebooks: ``solutions/`` are written by hand, ``lessons/`` are generated.
 
-Conventions for a solution notebook ``solutions/NN_name.ipynb`` (nbformat 4.5, so every cell has a stable id):
+Conventions for a solution notebook ``solutions/NN_name.ipynb`` (nbformat 4.5, so every cell has a stable id that
+the build keeps and the grader matches on):
 
-- exercise code sits between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` lines (nbgrader style);
-- after every exercise cell comes a check cell that calls ``check("N.x", answer_or_namespace)``;
-- one code cell tagged ``parameters`` assigns at least ``DATA_DIR``, ``WORK_DIR`` and ``SEED``;
-- cells tagged ``solution-only`` are left out of the lesson.
+- **Exercise cells**: the code students write sits between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` lines.
+  A region at top level becomes ``# YOUR CODE HERE`` plus ``name = ...`` for every name it binds (a bare ``...``
+  if none); an indented region (a whole function or method body, after its docstring) becomes
+  ``# YOUR CODE HERE`` and ``...`` at that indentation, which the checks recognise as "not attempted".
+- **Check cells**: after every exercise cell, a cell of its own that calls ``check("N.x", answer_or_namespace);``
+  (N is the lesson number; tag it ``check`` if you like). The trailing ``;`` hides the returned bool.
+- **Parameters**: one code cell tagged ``parameters`` assigns at least ``DATA_DIR`` (None: the embedded data),
+  ``WORK_DIR`` and ``SEED``, plus the lesson's own; the defaults are the small CI settings. Keep ``=`` out of its
+  comments (papermill parses them).
+- **Instructor-only cells** are tagged ``solution-only`` and left out of the lesson.
+- **Outputs that nbval compares** are in cells whose first line is ``# NBVAL_CHECK_OUTPUT``, saved with the
+  solution. Not on check cells: nbval ignores the ``;``, and the notebook tests already require every check to pass.
 
-``python -m helpers.course build`` writes ``lessons/NN_name.ipynb`` from each solution; ``build --check`` exits
-non-zero, naming the notebook, when a committed lesson is stale, missing, has no solution, or leaks solution text.
+``python -m helpers.course build`` writes ``lessons/NN_name.ipynb`` from each solution (outputs cleared,
+``solution-only`` cells dropped, ids and kernelspec kept, ``course.lesson`` in the metadata); ``build --check``
+exits non-zero, naming the notebook, when a committed lesson is stale, missing, has no solution, or leaks solution
+text, or a solution breaks these conventions.
 """
 
 from __future__ import annotations
@@ -152,20 +163,36 @@ def bound_names(code: str) -> list[str]:
     return names
 
 
-def _stub(region: list[str], indent: str, where: str) -> list[str]:
-    """The lines that replace a solution region (see the module docstring of the course)."""
-    if indent:
-        return [f"{indent}{YOUR_CODE}", f"{indent}..."]
+def _stub(region: Region, where: str) -> list[str]:
+    """The lines that replace a solution region.
+
+    Indented (inside a function or class body): ``# YOUR CODE HERE`` and ``...`` at that indentation. At top level:
+    ``# YOUR CODE HERE`` and ``name = ...`` for every name the region binds (a bare ``...`` if none), so later
+    cells never hit a NameError and checks see ``...``.
+    """
+    if region.indent:
+        return [f"{region.indent}{YOUR_CODE}", f"{region.indent}..."]
     try:
-        names = bound_names("\n".join(region))
+        names = bound_names("\n".join(region.lines))
     except SyntaxError as error:
         raise CourseInputError(f"{where}: the solution region is not valid Python ({error.msg}, line {error.lineno})")
     return [YOUR_CODE, *(f"{name} = ..." for name in names)] if names else [YOUR_CODE, "..."]
 
 
-def solution_regions(source: str, where: str) -> list[tuple[str, list[str]]]:
-    """``(indent, lines)`` of every solution region in a cell; bad markers are a :class:`CourseInputError`."""
-    regions: list[tuple[str, list[str]]] = []
+@dataclass(frozen=True)
+class Region:
+    """One solution region: the indentation of its ``### BEGIN SOLUTION`` line and the lines in between."""
+
+    indent: str
+    lines: tuple[str, ...]
+
+
+def split_cell(source: str, where: str) -> list[str | Region]:
+    """A cell's source as plain lines and solution regions, in order (``where`` names the cell in errors).
+
+    Unbalanced or nested markers are a :class:`CourseInputError`.
+    """
+    parts: list[str | Region] = []
     current: list[str] | None = None
     indent = ""
     for line in source.splitlines():
@@ -177,32 +204,22 @@ def solution_regions(source: str, where: str) -> list[tuple[str, list[str]]]:
         elif marker == END:
             if current is None:
                 raise CourseInputError(f"{where}: '{END}' without a '{BEGIN}'")
-            regions.append((indent, current))
+            parts.append(Region(indent, tuple(current)))
             current = None
         elif current is not None:
             current.append(line)
+        else:
+            parts.append(line)
     if current is not None:
         raise CourseInputError(f"{where}: '{BEGIN}' without an '{END}'")
-    return regions
+    return parts
 
 
 def strip_solutions(source: str, where: str) -> str:
     """The cell's source with every solution region replaced by its stub (``where`` names the cell in errors)."""
-    solution_regions(source, where)  # validates the markers before rewriting
     out: list[str] = []
-    region: list[str] | None = None
-    indent = ""
-    for line in source.splitlines():
-        marker = line.strip()
-        if marker == BEGIN:
-            region, indent = [], line[: len(line) - len(line.lstrip())]
-        elif marker == END and region is not None:
-            out.extend(_stub(region, indent, where))
-            region = None
-        elif region is not None:
-            region.append(line)
-        else:
-            out.append(line)
+    for part in split_cell(source, where):
+        out.extend(_stub(part, where) if isinstance(part, Region) else [part])
     return "\n".join(out)
 
 
@@ -266,51 +283,60 @@ def structure(solution: NotebookNode) -> Structure:
     return Structure(tuple(Exercise(cell_id, tuple(ids)) for cell_id, ids in exercises), check_cells)
 
 
-def _parameter_names(cell: NotebookNode) -> list[str]:
-    try:
-        return bound_names(cell.source)
-    except SyntaxError:
-        return []
-
-
-def problems(solution: NotebookNode, name: str) -> list[str]:
-    """What is wrong with a solution notebook's structure (empty when it follows the conventions)."""
-    found: list[str] = []
-    cells = solution.cells
-    if any("id" not in cell for cell in cells):
-        found.append("cells without ids: save it with JupyterLab >= 3 (nbformat 4.5) so cell ids are stable")
+def _marker_problems(cells: list[NotebookNode]) -> list[str]:
+    found = []
     for index, cell in enumerate(cells):
         where = f"cell {index} ({cell.get('id', 'no id')})"
-        if has_solution(cell.source):
-            if cell.cell_type != "code":
-                found.append(f"{where}: solution markers are only supported in code cells")
-            else:
-                try:
-                    strip_solutions(cell.source, where)
-                except CourseInputError as error:
-                    found.append(str(error))
+        if not has_solution(cell.source):
+            continue
+        if cell.cell_type != "code":
+            found.append(f"{where}: solution markers are only supported in code cells")
+            continue
+        try:
+            strip_solutions(cell.source, where)
+        except CourseInputError as error:
+            found.append(str(error))
+    return found
+
+
+def _parameter_problems(cells: list[NotebookNode]) -> list[str]:
     parameters = [cell for cell in cells if cell.cell_type == "code" and PARAMETERS_TAG in _tags(cell)]
     if len(parameters) != 1:
-        found.append(f"needs exactly one code cell tagged '{PARAMETERS_TAG}' (found {len(parameters)})")
-    else:
-        missing = [p for p in REQUIRED_PARAMETERS if p not in _parameter_names(parameters[0])]
-        if missing:
-            found.append(f"the '{PARAMETERS_TAG}' cell does not assign {', '.join(missing)}")
-    layout = structure(solution)
-    number = lesson_number(name)
+        return [f"needs exactly one code cell tagged '{PARAMETERS_TAG}' (found {len(parameters)})"]
+    try:
+        assigned = bound_names(parameters[0].source)
+    except SyntaxError as error:
+        return [f"the '{PARAMETERS_TAG}' cell is not valid Python ({error.msg})"]
+    missing = [name for name in REQUIRED_PARAMETERS if name not in assigned]
+    return [f"the '{PARAMETERS_TAG}' cell does not assign {', '.join(missing)}"] if missing else []
+
+
+def _check_problems(layout: Structure, number: int | None) -> list[str]:
+    found = []
     seen: dict[str, str] = {}
     for exercise in layout.exercises:
         if not exercise.check_ids:
             found.append(f"exercise cell {exercise.cell_id} is not followed by a check cell")
         for exercise_id in exercise.check_ids:
             if exercise_id in seen:
-                found.append(f"check id {exercise_id} follows two exercise cells ({seen[exercise_id]}, {exercise.cell_id})")
+                found.append(f"check id {exercise_id} follows two exercise cells: {seen[exercise_id]}, {exercise.cell_id}")
             seen[exercise_id] = exercise.cell_id
             if number is not None and exercise_id.split(".")[0] != str(number):
                 found.append(f"check id {exercise_id} does not start with the lesson number {number}")
-    checked_early = [i for ids in layout.check_cells.values() for i in ids if i not in seen]
-    if checked_early:
-        found.append(f"check ids {', '.join(checked_early)} are not after an exercise cell")
+    early = [exercise_id for ids in layout.check_cells.values() for exercise_id in ids if exercise_id not in seen]
+    if early:
+        found.append(f"check ids {', '.join(early)} are not after an exercise cell")
+    return found
+
+
+def problems(solution: NotebookNode, name: str) -> list[str]:
+    """What is wrong with solution ``name``'s structure (empty when it follows the conventions above)."""
+    found = []
+    if any("id" not in cell for cell in solution.cells):
+        found.append("cells without ids: save it with JupyterLab >= 3 (nbformat 4.5) so cell ids are stable")
+    found += _marker_problems(solution.cells)
+    found += _parameter_problems(solution.cells)
+    found += _check_problems(structure(solution), lesson_number(name))
     return found
 
 
@@ -342,10 +368,11 @@ def leaks(solution: NotebookNode, lesson: NotebookNode) -> list[str]:
     """Why ``lesson`` still contains solution text: region markers, or a solution region's code."""
     found: list[str] = []
     regions = [
-        _normalized("\n".join(lines))
+        _normalized("\n".join(part.lines))
         for cell in solution.cells
         if cell.cell_type == "code" and has_solution(cell.source)
-        for _, lines in solution_regions(cell.source, "solution")
+        for part in split_cell(cell.source, "solution")
+        if isinstance(part, Region)
     ]
     for index, cell in enumerate(lesson.cells):
         where = f"cell {index} ({cell.get('id', 'no id')})"

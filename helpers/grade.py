@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
+import psutil  # ipykernel's dependency
 from nbformat import NotebookNode
 
 from helpers import CourseInputError
@@ -89,8 +90,6 @@ class Lesson:
 
 def _kill_tree(pid: int) -> None:
     """Kill a process and all its descendants (the Jupyter kernel runs in a session of its own)."""
-    import psutil
-
     try:
         parent = psutil.Process(pid)
         family = [*parent.children(recursive=True), parent]
@@ -111,14 +110,13 @@ def execute(
     cwd: Path,
     work_dir: Path,
     timeout: float,
-    parameters: dict | None = None,
 ) -> Execution:
     """Run ``source`` with papermill (kernel ``python3``) in a subprocess, writing the executed ``output``.
 
     ``WORK_DIR`` is passed as a parameter and as ``COURSE_WORK_DIR``; the whole run, kernel included, is killed
     after ``timeout`` seconds (papermill saves after every cell, so ``output`` then holds what ran).
     """
-    params = {"WORK_DIR": str(work_dir), **(parameters or {})}
+    params = {"WORK_DIR": str(work_dir)}  # the other parameters' defaults are the CI settings
     command = [
         sys.executable, "-m", "papermill", str(source), str(output),
         "--kernel", KERNEL_NAME, "--cwd", str(cwd), "--parameters_yaml", json.dumps(params),

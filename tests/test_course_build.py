@@ -60,8 +60,9 @@ def test_region_binding_nothing_becomes_a_bare_ellipsis():
 
 
 def test_indented_region_keeps_its_indentation():
-    source = 'class M:\n    def f(self):\n        """Doc."""\n        ### BEGIN SOLUTION\n        return 1\n        ### END SOLUTION'
-    assert strip_solutions(source, "c") == 'class M:\n    def f(self):\n        """Doc."""\n        # YOUR CODE HERE\n        ...'
+    head = 'class M:\n    def f(self):\n        """Doc."""\n'
+    source = head + "        ### BEGIN SOLUTION\n        return 1\n        ### END SOLUTION"
+    assert strip_solutions(source, "c") == head + "        # YOUR CODE HERE\n        ..."
 
 
 @pytest.mark.parametrize(
@@ -93,7 +94,8 @@ def test_lesson_from_the_fixture():
     solution = read_notebook(FIXTURE)
     lesson = build_lesson(solution, NAME)
     by_id = {cell.id: cell for cell in lesson.cells}
-    assert [cell.id for cell in lesson.cells] == [c.id for c in solution.cells if "solution-only" not in c.metadata.get("tags", [])]
+    kept = [c.id for c in solution.cells if "solution-only" not in c.metadata.get("tags", [])]
+    assert [cell.id for cell in lesson.cells] == kept
     assert "ex1-solution-note" not in by_id
     assert by_id["ex1"].source == "# YOUR CODE HERE\ntotal = ..."
     assert by_id["ex2"].source.endswith('"""Return x squared."""\n    # YOUR CODE HERE\n    ...')

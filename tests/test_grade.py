@@ -57,7 +57,11 @@ def cell_index(nb: nbformat.NotebookNode, cell_id: str) -> int:
 
 def submissions_folder(root: Path) -> dict[str, dict[str, str]]:
     """Write the class's submissions under ``root``; return the expected status of each exercise."""
-    write = lambda name, nb: (root / name).parent.mkdir(parents=True, exist_ok=True) or nbformat.write(nb, root / name)  # noqa: E731
+
+    def write(name: str, nb: nbformat.NotebookNode) -> None:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, root / name)
+
     expected: dict[str, dict[str, str]] = {}
 
     write("alice__99_course_fixture.ipynb", answered(RIGHT))
@@ -91,12 +95,17 @@ def submissions_folder(root: Path) -> dict[str, dict[str, str]]:
     (root / "heidi__99_course_fixture.ipynb").write_text(json.dumps(twice))  # nbformat.write would renumber the copy
     expected["heidi__99_course_fixture.ipynb"] = {"99.1": "passed", "99.2": "error", "99.3": "passed"}
 
+    write("kim__99_course_fixture.ipynb", answered({**RIGHT, "ex2": "import os\nos._exit(1)"}))
+    expected["kim__99_course_fixture.ipynb"] = {"99.1": "passed", "99.2": "error", "99.3": "error"}
+
     renamed = answered(RIGHT)
     write("ivan_homework.ipynb", renamed)  # found by the notebook's metadata
     expected["ivan_homework.ipynb"] = dict.fromkeys(["99.1", "99.2", "99.3"], "passed")
 
     write("judy_something_else.ipynb", nbformat.v4.new_notebook())
     expected["judy_something_else.ipynb"] = {"": "error"}
+
+    write("bob/.ipynb_checkpoints/99_course_fixture-checkpoint.ipynb", partly)  # JupyterLab's copy: not graded
     return expected
 
 
@@ -106,7 +115,7 @@ def test_a_class_grades_to_the_right_statuses(tmp_path):
     out = tmp_path / "out" / "grades.csv"
     result = subprocess.run(
         [sys.executable, "-m", "helpers.grade", str(tmp_path / "submissions"), "--out", str(out),
-         "--solutions", str(FIXTURE.parent), "--timeout", "25"],
+         "--solutions", str(FIXTURE.parent), "--timeout", "40"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -115,12 +124,14 @@ def test_a_class_grades_to_the_right_statuses(tmp_path):
     graded: dict[str, dict[str, str]] = {}
     for row in rows:
         graded.setdefault(row["submission"], {})[row["exercise"]] = row["status"]
-    assert graded == expected, "\n".join(f"{r['submission']} {r['exercise']} {r['status']}: {r['detail']}" for r in rows)
+    report = "\n".join(f"{r['submission']} {r['exercise']} {r['status']}: {r['detail']}" for r in rows)
+    assert graded == expected, report
     details = {(row["submission"], row["exercise"]): row["detail"] for row in rows}
-    assert "25 s timeout" in details["dave__99_course_fixture.ipynb", "99.1"]
+    assert "40 s timeout" in details["dave__99_course_fixture.ipynb", "99.1"]
     assert "not a valid notebook" in details["carol__99_course_fixture.ipynb", "99.1"]
     assert "more than once" in details["heidi__99_course_fixture.ipynb", "99.2"]
     assert "the check cell raised NameError" in details["erin__99_course_fixture.ipynb", "99.1"]
+    assert "the run stopped before this check" in details["kim__99_course_fixture.ipynb", "99.2"]
     assert {row["lesson"] for row in rows} == {NAME, ""}
 
     feedback = tmp_path / "out" / "grades_feedback"

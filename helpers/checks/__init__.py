@@ -153,13 +153,13 @@ def _run(exercise_id: str, answer: Any) -> tuple[str, str]:
         return NOT_ATTEMPTED, "replace the `...` with your code"
     try:
         message = fn(answer)
+        return PASSED, "" if message is None else str(message)
     except NotAttempted as reason:
         return NOT_ATTEMPTED, str(reason) or "replace the `...` with your code"
     except CheckFailed as hint:
         return FAILED, str(hint)
     except Exception as error:  # noqa: BLE001 - the student's code may raise anything
         return FAILED, f"{type(error).__name__}: {error}"
-    return PASSED, "" if message is None else str(message)
 
 
 def format_line(exercise_id: str, status: str, message: str) -> str:
