@@ -107,6 +107,8 @@ def test_a_stub_function_is_not_attempted(capsys):
 
     assert check("98.3", {"square": square}) is False
     assert "`square` is not written yet" in capsys.readouterr().out
+    assert check("98.3", square) is False
+    assert capsys.readouterr().out.startswith("⏳ 98.3 not attempted")
     assert check("98.3", {"square": lambda x: x * x}) is True
 
 

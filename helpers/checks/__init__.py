@@ -117,8 +117,8 @@ def require(namespace: Mapping[str, Any] | object, *names: str) -> Any:
 
 
 def _is_unanswered(answer: Any) -> bool:
-    """An answer is unanswered if it is ``...`` or a tuple/list holding ``...`` at the top level."""
-    if answer is ...:
+    """Unanswered: ``...``, a stub function, or a tuple/list holding ``...`` at the top level."""
+    if answer is ... or is_stub(answer):
         return True
     return isinstance(answer, (tuple, list)) and any(item is ... for item in answer)
 
