@@ -49,3 +49,10 @@ bench: setup
 clean:
 	rm -rf build work/petastorm_cache .cache/horovod-build.log .pytest_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# GPU smoke check (any machine with one NVIDIA GPU, < 5 min): lesson 2's model with train(accelerator="gpu"), a
+# HorovodRunner(np=-1) run with HorovodStrategy on the GPU, and mixed precision; prints images/s. Skipped without a
+# GPU. Build Horovod with NCCL first: make setup GPU=1.
+.PHONY: gpu-smoke
+gpu-smoke: setup
+	$(PY) -m pytest -m gpu -s -q -p no:cacheprovider tests/test_gpu_smoke.py
