@@ -204,3 +204,13 @@ def test_check_prints_what_each_notebook_gets(capsys):
                  "-p", "MAX_EPOCHS=1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("02_lightning_refactor:") and "MAX_EPOCHS=1" in out
+
+
+def test_instructor_guide_covers_the_topics():
+    guide = (REPO_ROOT / "docs" / "instructor.md").read_text()
+    for topic in ("T4", "64 GB", "make setup GPU=1", "python -m helpers.run_course --params",
+                  "python -m helpers.grade", "grades.csv", "too few partitions", "Petastorm cache on the local disk",
+                  "Horovod vs torch", "make gpu-smoke"):
+        assert topic in guide, topic
+    for path in PARAM_FILES:
+        assert f"params/{path.name}" in guide
