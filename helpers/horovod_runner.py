@@ -20,6 +20,11 @@ What this module adds to plain ``horovod.run``:
   reference, so the workers must be able to import that module: the repository is put on the workers'
   ``PYTHONPATH`` (see ``helpers.spark.configure_python_env``). ``fn`` and its arguments are pickled once up front,
   so something that cannot be sent (a lock, an open file, a SparkSession) is reported before anything starts.
+* **No MLflow run left RUNNING.** Horovod stops the surviving ranks (SIGTERM, then SIGKILL 5 s later) as soon as
+  one fails, and a rank can be killed outright (out of memory): either way the rank that opened an MLflow run may
+  never end it. ``helpers.training.train`` records each run it opens in the job's report folder
+  (:func:`record_mlflow_run`); after a failed job the driver ends every recorded run that is still RUNNING as
+  FAILED. (On a multi-node cluster this needs the work directory on shared storage, like the tracebacks.)
 * **One CPU share per process.** Each worker sets ``OMP_NUM_THREADS`` and ``torch.set_num_threads`` to its share
   of the machine's cores (cores // processes on that machine, at least 1), so 2 processes on 2 cores do not each
   start 2 compute threads and fight over the cores.
@@ -35,6 +40,7 @@ Horovod waits ``HOROVOD_SPARK_START_TIMEOUT`` seconds, 600 by default, for them)
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -57,9 +63,10 @@ from helpers import CourseInputError
 from helpers.spark import configure_python_env
 from helpers.workdir import work_dir
 
-__all__ = ["HorovodRunner", "HorovodWorkerError", "runner_class"]
+__all__ = ["HorovodRunner", "HorovodWorkerError", "record_mlflow_run", "runner_class"]
 
 VERBOSITIES = ("log_callback_only", "all")
+JOB_DIR_ENV = "COURSE_HOROVOD_JOB_DIR"  # set in every worker: the job's report folder
 _FIRST_FAILED = re.compile(r"Process name: (\S+)\s+Exit code: (-?\d+)")
 
 
@@ -111,6 +118,7 @@ class _WorkerCall:
 
     def __call__(self, **kwargs: Any) -> Any:
         _pin_threads()
+        os.environ[JOB_DIR_ENV] = self.report_dir
         try:
             return self.fn(**kwargs)
         except BaseException as exc:
@@ -136,6 +144,33 @@ def _read_reports(report_dir: Path) -> dict[int, _Report]:
         payload = cloudpickle.loads(path.read_bytes())
         reports[payload["rank"]] = _Report(**payload)
     return reports
+
+
+def record_mlflow_run(run_id: str, tracking_uri: str) -> None:
+    """Inside a ``HorovodRunner`` worker, note an MLflow run this process opened, so that the driver can end it
+    FAILED if the job fails before this process ends it (it is terminated or killed). Elsewhere: does nothing."""
+    folder = os.environ.get(JOB_DIR_ENV)
+    if not folder:
+        return
+    path = Path(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = path / f".mlflow-run-{run_id}.tmp"
+    tmp.write_text(json.dumps({"run_id": run_id, "tracking_uri": tracking_uri}))
+    tmp.replace(path / f"mlflow-run-{run_id}.json")
+
+
+def _fail_open_mlflow_runs(report_dir: Path) -> None:
+    """After a failed job: end as FAILED the recorded MLflow runs that are still RUNNING (their ranks are gone)."""
+    for path in sorted(report_dir.glob("mlflow-run-*.json")):
+        try:
+            from mlflow.tracking import MlflowClient
+
+            record = json.loads(path.read_text())
+            client = MlflowClient(record["tracking_uri"])
+            if client.get_run(record["run_id"]).info.status == "RUNNING":
+                client.set_terminated(record["run_id"], "FAILED")
+        except Exception as exc:  # never hide the worker's error behind a bookkeeping one
+            warnings.warn(f"HorovodRunner could not mark the MLflow run in {path.name} FAILED: {exc}", stacklevel=3)
 
 
 def _describe_exit(code: int) -> str:
@@ -238,6 +273,7 @@ class HorovodRunner:
             results = self._launch(call, kwargs)
         except Exception as exc:
             reports = _read_reports(report_dir) if report_dir.exists() else {}
+            _fail_open_mlflow_runs(report_dir)
             raise _worker_error(exc, reports, self.num_processes) from exc
         finally:
             shutil.rmtree(report_dir, ignore_errors=True)

@@ -31,6 +31,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from helpers import CourseInputError
+from helpers.horovod_runner import record_mlflow_run
 from helpers.tracking import setup_mlflow
 from helpers.workdir import work_path
 
@@ -270,7 +271,8 @@ def train(
       stopping, max_epochs, ``extra_params``, whose keys must not clash with autolog's ``lr``, ``epochs``, ...),
       the epoch metrics (step = epoch) and the trained model, registered as ``registered_model_name``
       (default: derived from the experiment name). If training raises, the run ends FAILED and the error
-      propagates. ``None``: no MLflow at all. Other ranks never call MLflow.
+      propagates; in a ``HorovodRunner`` job the driver also ends it FAILED when this process is terminated or
+      killed first. ``None``: no MLflow at all. Other ranks never call MLflow.
     - ``logging_level`` applies to Lightning's loggers (``logging.INFO`` shows its device and model summaries).
     """
     if not isinstance(max_epochs, int) or max_epochs < 1:
@@ -347,6 +349,8 @@ def train(
         nested = mlflow.active_run() is not None
         with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, nested=nested) as run:
             run_id = run.info.run_id
+            # in a HorovodRunner job, the driver ends this run FAILED if this process is stopped before it can
+            record_mlflow_run(run_id, mlflow.get_tracking_uri())
             mlflow.log_params(params)
             wall_time_s = fit()
             mlflow.log_metric("wall_time_s", wall_time_s)
