@@ -241,6 +241,7 @@ def train(
     devices: int | str | list[int] = 1,
     num_nodes: int = 1,
     strategy: str | Any = "auto",
+    precision: str = "32-true",
     default_dir: str | Path | None = None,
     ckpt_restore: str | Path | None = None,
     mlflow_experiment: str | None = None,
@@ -254,9 +255,10 @@ def train(
 ) -> TrainResult:
     """Fit ``model`` on ``datamodule`` with Lightning: early stopping, checkpoints, MLflow on global rank 0.
 
-    - ``accelerator``, ``devices``, ``num_nodes`` and ``strategy`` go to the Trainer unchanged (a strategy
-      object such as the course's Horovod strategy, ``"ddp"``, ...). Every epoch ends with a full validation
-      pass.
+    - ``accelerator``, ``devices``, ``num_nodes``, ``strategy`` and ``precision`` go to the Trainer unchanged (a
+      strategy object such as the course's Horovod strategy, ``"ddp"``, ...; ``"16-mixed"`` or ``"bf16-mixed"``
+      for mixed precision on a GPU, see ``helpers.devices.precision_for``). Every epoch ends with a full
+      validation pass.
     - ``early_stopping``: ``None`` (default) or ``True`` uses ``EARLY_STOPPING_DEFAULTS`` (monitor
       ``val_loss``, min_delta 0.01, patience 10, no stopping_threshold); a dict overrides some of them
       (``{"stopping_threshold": 0.55}``); ``False`` switches early stopping off.
@@ -305,6 +307,7 @@ def train(
         devices=devices,
         num_nodes=num_nodes,
         strategy=strategy,
+        precision=precision,
         max_epochs=max_epochs,
         callbacks=callbacks,
         default_root_dir=str(default_dir),
@@ -334,6 +337,7 @@ def train(
             "num_nodes": num_nodes,
             "world_size": trainer.world_size,
             "strategy": strategy if isinstance(strategy, str) else type(strategy).__name__,
+            "precision": precision,
             "early_stopping": stopping is not None,
             "ckpt_restore": ckpt_path,
         }
