@@ -1,0 +1,110 @@
+"""TorchDistributor with Lightning DDP (``helpers.distributor``): layouts, preflight errors, error summaries, and a
+real 2-process training in local mode (``torchrun`` on this machine, Gloo) on the shared local session.
+
+Distributed mode on the workers of a real cluster is exercised by ``test_multi_node_faults.py`` (and lesson 4's
+notebook); local mode needs no cluster, so this file stays quick.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from helpers import CourseInputError
+from helpers.distributor import (
+    DistributorError,
+    TrainSettings,
+    _summarise,
+    ddp_layout,
+    make_distributor,
+    process_group_backend,
+    task_slots,
+    train_with_distributor,
+)
+from helpers.tracking import tracking_uri
+
+ACCURACY_FLOOR = 0.8
+
+
+def test_layout_is_one_device_per_node_on_workers_and_one_node_locally():
+    assert ddp_layout(2, local_mode=False) == {"devices": 1, "num_nodes": 2}
+    assert ddp_layout(4, local_mode=True) == {"devices": 4, "num_nodes": 1}
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(CourseInputError):
+            ddp_layout(bad, local_mode=False)
+
+
+def test_backend_is_nccl_on_gpu_and_gloo_on_cpu():
+    assert process_group_backend(True) == "nccl"
+    assert process_group_backend(False) == "gloo"
+
+
+def test_settings_are_fixed_on_the_driver_and_copied_with_changes(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_WORK_DIR", str(tmp_path))
+    settings = TrainSettings(max_epochs=2)
+    assert settings.work_dir == str(tmp_path)
+    resumed = settings.replace(ckpt_restore="x/last.ckpt")
+    assert (resumed.ckpt_restore, resumed.max_epochs, settings.ckpt_restore) == ("x/last.ckpt", 2, None)
+
+
+def test_more_processes_than_task_slots_is_refused_before_starting(spark):
+    slots = task_slots(spark)
+    assert slots == 2  # the shared local[2] session
+    with pytest.raises(CourseInputError, match=r"num_processes=3.*2 task slots"):
+        make_distributor(3, local_mode=False, spark=spark)
+    assert make_distributor(2, local_mode=False, spark=spark).num_processes == 2
+
+
+def test_gpus_on_a_cluster_need_one_gpu_per_task(spark):
+    with pytest.raises(CourseInputError, match="spark.task.resource.gpu.amount=1"):
+        make_distributor(2, use_gpu=True, local_mode=False, spark=spark)
+
+
+def test_error_summary_is_the_training_process_s_last_python_error():
+    torchrun_output = (
+        "Command ['python', '-m', 'pyspark.ml.torch.torch_run_process_wrapper'] failed with return code 1. The last "
+        "100 lines of the task output are included below: Traceback (most recent call last):\n"
+        '  File "train.py", line 8, in <module>\n'
+        "ValueError: simulated bad batch\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+    )
+    assert _summarise(RuntimeError(torchrun_output)) == "ValueError: simulated bad batch"
+    assert _summarise(RuntimeError("x failed with return code -9. The task output is included below: ")) == (
+        "torchrun exited with code -9"
+    )
+
+
+@pytest.mark.slow
+def test_local_mode_ddp_trains_to_the_floor_with_one_mlflow_run(spark, digits_dir: Path, tmp_path, monkeypatch):
+    from helpers.loaders import prepare_data
+
+    _, train_converter, val_converter, class_names = prepare_data(digits_dir, num_devices=2, spark=spark)
+    monkeypatch.setenv("COURSE_WORK_DIR", str(tmp_path))
+    settings = TrainSettings(batch_size=32, image_size=16, learning_rate=0.02, max_epochs=2,
+                             mlflow_experiment="ddp-local")
+    result = train_with_distributor(train_converter, val_converter, len(class_names), settings,
+                                    num_processes=2, local_mode=True, spark=spark)
+    assert result.val_acc >= ACCURACY_FLOOR
+    assert result.epochs_run == 2 and [row["epoch"] for row in result.history] == [0, 1]
+    assert Path(result.last_checkpoint).parent == tmp_path / "checkpoints" / Path(result.last_checkpoint).parent.name
+    client = MlflowClient(tracking_uri())
+    runs = client.search_runs([client.get_experiment_by_name("ddp-local").experiment_id])
+    assert len(runs) == 1  # rank 0 only
+    params = runs[0].data.params
+    assert (params["world_size"], params["devices"], params["num_nodes"]) == ("2", "2", "1")
+    assert (params["strategy"], params["launcher"], params["local_mode"]) == ("DDPStrategy", "torch_distributor", "True")
+    # DDP averages gradients like Horovod: the learning rate is scaled by the world size
+    assert float(params["effective_learning_rate"]) == pytest.approx(2 * 0.02)
+    assert runs[0].info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_a_failing_process_raises_a_distributor_error_with_its_python_error(spark, tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_WORK_DIR", str(tmp_path))
+    with pytest.raises(DistributorError, match="failed after .* s: .*class_count") as caught:
+        # class_count=0 makes every process raise in the model's constructor
+        train_with_distributor(None, None, 0, TrainSettings(), num_processes=2, local_mode=True, spark=spark)
+    assert caught.value.last_checkpoint is None
+    assert "no checkpoint was written yet" in str(caught.value)
