@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import matplotlib.pyplot as plt
-from matplotlib.ticker import MaxNLocator
 import pandas as pd
+from matplotlib.ticker import MaxNLocator
 
 from helpers import CourseInputError
 from helpers.datamodule import PetastormDataModule
