@@ -7,7 +7,8 @@ has one executor per worker, and hands out a SparkSession connected to it::
     with LocalCluster(workers=2) as cluster:
         spark = cluster.spark            # tasks run in 2 executor JVMs, one per worker
         print(cluster.ui_url)            # the master's web UI
-        cluster.kill_worker(1)           # lesson 4's fault demonstration
+        cluster.kill_worker(1)           # lesson 4's fault demonstration: a worker machine dies ...
+        cluster.restart_worker(1)        # ... and a replacement joins
 
 Given the ``master_url`` of an instructor's cluster it starts nothing and only connects. On exit (also after an
 error, at interpreter exit and on SIGTERM/SIGHUP) it stops the session and every process it started, so no JVM of
@@ -256,6 +257,27 @@ class LocalCluster:
         daemon.process.wait(timeout=self.stop_timeout)
         return daemon.process.pid
 
+    def restart_worker(self, index: int) -> int:
+        """Start worker ``index`` again after ``kill_worker(index)`` (a replacement machine joins); return once it
+        has registered and the application has its executor on it again. Returns the new worker's pid."""
+        worker_pids = self.worker_pids()
+        valid = isinstance(index, int) and not isinstance(index, bool) and 0 <= index < len(worker_pids)
+        if self.spark is None or not valid:
+            raise CourseInputError(
+                f"restart_worker({index!r}): needs a running cluster this LocalCluster started, and an index from 0 "
+                f"to {len(worker_pids) - 1}."
+            )
+        old = next(d for d in self._daemons if d.process.pid == worker_pids[index])
+        if old.process.poll() is None:
+            raise CourseInputError(f"restart_worker({index}): that worker is still running; kill_worker({index}) first.")
+        position = self._daemons.index(old)
+        daemon = self._launch_worker(index, self._daemon_env())  # its log continues the old one's
+        self._daemons.remove(daemon)
+        self._daemons[position] = daemon  # keeps worker_pids() in index order
+        self._wait_until(lambda state: alive_workers(state) >= self.workers, f"worker {index} to register", [daemon])
+        self._wait_for_executors(self.spark)
+        return daemon.process.pid
+
     # -- internals ----------------------------------------------------------------------------------------------
 
     def _start_processes(self) -> None:
@@ -263,7 +285,7 @@ class LocalCluster:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         run = f"{stamp}-{os.getpid()}-{id(self):x}"
         self.log_dir = work_path("cluster", run, "master.log", override=self.work).parent
-        master_port, master_ui, *worker_uis = free_ports(2 + self.workers)
+        master_port, master_ui = free_ports(2)
         self.master_url = f"spark://{HOST}:{master_port}"
         self.ui_url = f"http://{HOST}:{master_ui}"
         env = self._daemon_env()
@@ -271,22 +293,28 @@ class LocalCluster:
             "master", [MASTER_CLASS, "--host", HOST, "--port", str(master_port), "--webui-port", str(master_ui)], env
         )
         self._wait_until(lambda state: state.get("status") == "ALIVE", "the master to come up", [master])
-        for i, ui_port in enumerate(worker_uis):
-            worker_dir = self.log_dir / f"worker-{i}"
-            worker_dir.mkdir(parents=True, exist_ok=True)
-            self._launch(
-                f"worker-{i}",
-                [
-                    WORKER_CLASS, self.master_url,
-                    "--cores", str(self.cores_per_worker), "--memory", f"{self.worker_mb}m",
-                    "--host", HOST, "--webui-port", str(ui_port), "--work-dir", str(worker_dir),
-                ],
-                env,
-            )
+        for i in range(self.workers):
+            self._launch_worker(i, env)
         self._wait_until(
             lambda state: alive_workers(state) >= self.workers, f"{self.workers} workers to register", self._daemons
         )
         print(f"Spark master {self.master_url} with {self.workers} workers; web UI {self.ui_url}; logs {self.log_dir}")
+
+    def _launch_worker(self, index: int, env: dict[str, str]) -> _Daemon:
+        """Start worker ``index`` (its work folder and log under ``log_dir``) on a free web UI port."""
+        assert self.log_dir is not None and self.master_url is not None
+        worker_dir = self.log_dir / f"worker-{index}"
+        worker_dir.mkdir(parents=True, exist_ok=True)
+        (ui_port,) = free_ports(1)
+        return self._launch(
+            f"worker-{index}",
+            [
+                WORKER_CLASS, self.master_url,
+                "--cores", str(self.cores_per_worker), "--memory", f"{self.worker_mb}m",
+                "--host", HOST, "--webui-port", str(ui_port), "--work-dir", str(worker_dir),
+            ],
+            env,
+        )
 
     def _daemon_env(self) -> dict[str, str]:
         """Environment of the master and workers: Java, loopback only, and this interpreter for Python workers."""
@@ -302,14 +330,14 @@ class LocalCluster:
         return env
 
     def _launch(self, name: str, args: list[str], env: dict[str, str]) -> _Daemon:
-        """Start one daemon JVM in its own process group, its output in ``<log_dir>/<name>.log``."""
+        """Start one daemon JVM in its own process group, its output appended to ``<log_dir>/<name>.log``."""
         assert self.log_dir is not None
         log = self.log_dir / f"{name}.log"
         command = [str(spark_class()), *args]
         setpriv = shutil.which("setpriv")
         if setpriv:
             command = [setpriv, "--pdeathsig", "TERM", "--", *command]
-        with open(log, "wb") as out:
+        with open(log, "ab") as out:
             process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True,

@@ -138,6 +138,20 @@ def task_slots(spark) -> int:
     return slots
 
 
+def _session(spark=None):
+    """``spark``, else the session TorchDistributor will use: this thread's active one or the process's default."""
+    from pyspark.sql import SparkSession
+
+    if spark is not None:
+        return spark
+    try:
+        return SparkSession.active()
+    except Exception:  # pyspark raises its own error types here
+        raise CourseInputError(
+            "TorchDistributor needs a SparkSession: start the cluster (or get_spark()) first."
+        ) from None
+
+
 def make_distributor(num_processes: int = 2, use_gpu: bool = False, local_mode: bool = False, spark=None):
     """A ``TorchDistributor`` for ``num_processes`` processes, after checking the session can run them.
 
@@ -145,12 +159,9 @@ def make_distributor(num_processes: int = 2, use_gpu: bool = False, local_mode: 
     (``spark.task.resource.gpu.amount=1``). Raises ``CourseInputError`` with what to change otherwise.
     """
     from pyspark.ml.torch.distributor import TorchDistributor
-    from pyspark.sql import SparkSession
 
     ddp_layout(num_processes, local_mode)
-    spark = spark or SparkSession.getActiveSession()
-    if spark is None:
-        raise CourseInputError("TorchDistributor needs an active SparkSession: start the cluster (or get_spark()) first.")
+    spark = _session(spark)
     if not local_mode:
         slots = task_slots(spark)
         if num_processes > slots:
@@ -403,14 +414,12 @@ def train_with_distributor(
     ``fail_fast`` (distributed mode), the job is stopped as soon as a task fails or an executor is lost.
     Raises :class:`DistributorError` when training fails, naming the last checkpoint to resume from.
     """
-    from pyspark.sql import SparkSession
-
     settings = settings or TrainSettings()
     if distributor is None:
         distributor = make_distributor(num_processes, settings.use_gpu, local_mode, spark=spark)
     num_processes, local_mode = distributor.num_processes, distributor.local_mode
     settings = _resolved(settings.replace(use_gpu=distributor.use_gpu), "torch_distributor", num_processes)
-    spark = spark or SparkSession.getActiveSession()
+    spark = _session(spark)
     configure_python_env()
     job_dir = Path(settings.work_dir) / "distributor_runs" / uuid.uuid4().hex
     job_dir.mkdir(parents=True, exist_ok=True)
