@@ -144,7 +144,7 @@ def test_unknown_file_is_a_clear_error(tmp_path):
         ("common:\n  SEED: true\n", r"SEED=True is a bool.*pass int"),
         ("02_lightning_refactor:\n  LEARNING_RATE: 1e-5\n", r"write it with a decimal point"),
         ("02_lightning_refactor:\n  PRETRAINED: 'yes'\n", r"PRETRAINED='yes' is a str"),
-        ("02_lightning_refactor:\n  USE_GPU: true\n", r"USE_GPU is not a parameter of this notebook"),
+        ("00_environment_check:\n  USE_GPU: true\n", r"USE_GPU is not a parameter of this notebook"),
         ("common:\n  LEARNIG_RATE: 0.1\n", r"LEARNIG_RATE are declared by no notebook"),
         ("common:\n  WORK_DIR: dbfs:/course\n", r"FUSE path '/dbfs/course'"),
         ("lesson2:\n  SEED: 1\n", r"unknown section 'lesson2'"),
