@@ -221,11 +221,11 @@ def record_run(result, *, sweep: str, devices: int, launcher: str, epoch_mode: s
     """
     from mlflow.tracking import MlflowClient
 
-    from helpers.tracking import _resolve_uri
+    from helpers.tracking import resolve_uri
 
     if not getattr(result, "mlflow_run_id", None):
         raise CourseInputError("the result has no MLflow run id: train with mlflow_experiment=... (rank 0's result).")
-    client = MlflowClient(_resolve_uri(tracking_uri))
+    client = MlflowClient(resolve_uri(tracking_uri))
     tags = {
         "lesson": 5, "sweep": sweep, "devices": devices, "launcher": launcher, "epoch_mode": epoch_mode,
         "batch_size": batch_size, "global_batch_size": batch_size * devices, "steps_per_epoch": steps,
@@ -265,9 +265,9 @@ def runs_table(experiment: str, uri: str | None = None, sweep: str | None = None
     """
     import mlflow
 
-    from helpers.tracking import _resolve_uri
+    from helpers.tracking import resolve_uri
 
-    mlflow.set_tracking_uri(_resolve_uri(uri))
+    mlflow.set_tracking_uri(resolve_uri(uri))
     filters = [f"tags.`{TAG}lesson` = '5'", "attributes.status = 'FINISHED'"]
     if sweep:
         filters.append(f"tags.`{TAG}sweep` = '{sweep}'")

@@ -35,7 +35,7 @@ def _is_local_store(uri: str) -> bool:
     return urlparse(uri).scheme in ("", "file", "sqlite")
 
 
-def _resolve_uri(uri: str | None) -> str:
+def resolve_uri(uri: str | None) -> str:
     """``uri`` if given, else the URI set earlier in this process (``setup_mlflow``), else the course default."""
     if uri is None and mlflow.is_tracking_uri_set():
         return mlflow.get_tracking_uri()
@@ -74,7 +74,7 @@ def load_registered_model(name: str, version: str | int = "latest", uri: str | N
     The module maps images (N x 3 x H x W, float32) to class logits: ``model(features).argmax(dim=1)``.
     ``uri`` defaults to the store set by ``setup_mlflow`` in this process, else the course's local store.
     """
-    resolved = _resolve_uri(uri)
+    resolved = resolve_uri(uri)
     mlflow.set_tracking_uri(resolved)
     versions = MlflowClient(resolved).search_model_versions(f"name = '{name}'")
     if not versions:
@@ -91,5 +91,5 @@ def metric_history(run_id: str, key: str, uri: str | None = None) -> list[tuple[
     Training runs log their epoch metrics (``val_loss``, ``val_acc``, ``train_loss_epoch``) with the epoch
     as the step, so the pairs are ready to plot.
     """
-    history = MlflowClient(_resolve_uri(uri)).get_metric_history(run_id, key)
+    history = MlflowClient(resolve_uri(uri)).get_metric_history(run_id, key)
     return sorted((metric.step, metric.value) for metric in history)
