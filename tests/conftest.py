@@ -30,6 +30,18 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module's trainings: on a shared 2-core machine, OpenMP threads fighting other
+    processes stall (use with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def digits_dir(session_work_dir: Path) -> Path:
     """The embedded default data set, written once."""

@@ -21,7 +21,10 @@ from helpers.model import LitClassificationModel, make_network
 from helpers.tracking import metric_history
 from helpers.training import steps_per_epoch, train, train_plain
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*does not have many workers")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*does not have many workers"),
+    pytest.mark.usefixtures("one_torch_thread"),
+]
 
 IMAGE_SIZE = 16
 CLASS_COUNT = 10
@@ -62,15 +65,6 @@ class DigitsDataModule(pl.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(DigitsDataset(self.val_x, self.val_y), batch_size=self.batch_size)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: on a shared 2-core machine, OpenMP threads competing with other processes stall."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True)

@@ -17,18 +17,12 @@ from helpers.model import LitClassificationModel
 from helpers.tracking import load_registered_model, metric_history, setup_mlflow, tracking_uri
 from helpers.training import train
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*does not have many workers")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*does not have many workers"),
+    pytest.mark.usefixtures("one_torch_thread"),
+]
 
 EXPERIMENT = "lesson2-digits"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: on a shared 2-core machine, OpenMP threads competing with other processes stall."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
