@@ -45,7 +45,7 @@ from typing import Any
 import cloudpickle
 
 from helpers import CourseInputError
-from helpers.horovod_runner import JOB_DIR_ENV, _fail_open_mlflow_runs
+from helpers.horovod_runner import JOB_DIR_ENV, fail_open_mlflow_runs
 from helpers.spark import configure_python_env
 from helpers.training import TrainResult
 from helpers.workdir import ENV_VAR, work_dir, work_path
@@ -441,7 +441,7 @@ def train_with_distributor(
         return returned
     except Exception as exc:
         elapsed = time.monotonic() - started
-        _fail_open_mlflow_runs(job_dir)
+        fail_open_mlflow_runs(job_dir)
         rank_error, collateral = _rank_error(job_dir)
         # a rank's own error first; a lost executor (no Python error) before the errors it caused on other ranks
         if rank_error and not collateral:

@@ -159,7 +159,7 @@ def record_mlflow_run(run_id: str, tracking_uri: str) -> None:
     tmp.replace(path / f"mlflow-run-{run_id}.json")
 
 
-def _fail_open_mlflow_runs(report_dir: Path) -> None:
+def fail_open_mlflow_runs(report_dir: Path) -> None:
     """After a failed job: end as FAILED the recorded MLflow runs that are still RUNNING (their ranks are gone)."""
     for path in sorted(report_dir.glob("mlflow-run-*.json")):
         try:
@@ -273,7 +273,7 @@ class HorovodRunner:
             results = self._launch(call, kwargs)
         except Exception as exc:
             reports = _read_reports(report_dir) if report_dir.exists() else {}
-            _fail_open_mlflow_runs(report_dir)
+            fail_open_mlflow_runs(report_dir)
             raise _worker_error(exc, reports, self.num_processes) from exc
         finally:
             shutil.rmtree(report_dir, ignore_errors=True)
