@@ -5,7 +5,7 @@ SETUP_DONE := .venv/.setup-done
 GPU ?= 0
 NOTEBOOKS := $(wildcard solutions/[0-9][0-9]_*.ipynb)
 
-.PHONY: setup course test lessons lab mlflow bench clean
+.PHONY: setup course test lessons lab mlflow clean
 
 setup: $(SETUP_DONE)
 
@@ -41,9 +41,6 @@ lab: setup
 
 mlflow: setup
 	$(PY) -m mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri "$$($(PY) -c 'from helpers.tracking import tracking_uri; print(tracking_uri())')"
-
-bench: setup
-	$(PY) -m benchmarks
 
 # Removes build outputs and caches; keeps work/ (your lake tables, checkpoints and MLflow runs).
 clean:
