@@ -5,7 +5,7 @@ SETUP_DONE := .venv/.setup-done
 GPU ?= 0
 NOTEBOOKS := $(wildcard solutions/[0-9][0-9]_*.ipynb)
 
-.PHONY: setup course test lessons lab mlflow clean
+.PHONY: setup course test lessons lab mlflow clean bench
 
 setup: $(SETUP_DONE)
 
@@ -38,6 +38,10 @@ lessons: setup
 
 lab: setup
 	$(PY) -m jupyter lab --ip 127.0.0.1 --no-browser --notebook-dir .
+
+# Benchmarks (not tests): loading, Lightning overhead, Horovod scaling, course timings -> benchmarks/results.md.
+bench: setup
+	$(PY) -m benchmarks
 
 mlflow: setup
 	$(PY) -m mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri "$$($(PY) -c 'from helpers.tracking import tracking_uri; print(tracking_uri())')"
