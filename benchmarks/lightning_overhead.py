@@ -10,15 +10,12 @@ epoch) are included. In-memory batches keep the loader out of the comparison (pa
 
 from __future__ import annotations
 
-import cProfile
 import copy
-import io
 import logging
-import pstats
 import tempfile
 import time
 
-from benchmarks.common import Comparison, alternate
+from benchmarks.common import Comparison, alternate, profile_text
 
 LEARNING_RATE = 0.02
 
@@ -87,15 +84,7 @@ class LightningOverheadBench:
         return time.perf_counter() - started
 
     def profile_lightning(self) -> str:
-        profiler = cProfile.Profile()
-        profiler.enable()
-        self.lightning()
-        profiler.disable()
-        out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(14)
-        text = out.getvalue()
-        start = text.find("   ncalls")
-        return text[start:] if start >= 0 else text
+        return profile_text(self.lightning, 14)
 
     def run(self, repeats: int, log=print) -> list[Comparison]:
         import torch

@@ -14,14 +14,11 @@ shuffled), measured in steady state (the loader is opened and warmed up, then a 
 
 from __future__ import annotations
 
-import cProfile
-import io
-import pstats
 import time
 
 import numpy as np
 
-from benchmarks.common import Comparison, alternate
+from benchmarks.common import Comparison, alternate, profile_text
 
 IMAGE_SIZE = 32
 BATCH_SIZE = 64
@@ -122,15 +119,7 @@ class LoadingBench:
     def profile_predecoded(self) -> str:
         """cProfile of reading pre-decoded batches with ``reader_pool_type="dummy"``: the reading then happens in
         the consuming thread, so the profile shows all of the work (Parquet, Arrow to numpy, shuffling, tensors)."""
-        profiler = cProfile.Profile()
-        profiler.enable()
-        self.petastorm_predecoded("dummy", 1)
-        profiler.disable()
-        out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(12)
-        text = out.getvalue()
-        start = text.find("   ncalls")
-        return text[start:] if start >= 0 else text
+        return profile_text(lambda: self.petastorm_predecoded("dummy", 1), 12)
 
     def run(self, repeats: int, log=print) -> list[Comparison]:
         log(f"  setup: lake table, converters ({IMAGE_SIZE}x{IMAGE_SIZE}, batch {BATCH_SIZE})")
