@@ -8,7 +8,6 @@ that directory in their environment, so Spark runs of other test sessions on the
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import signal
@@ -21,43 +20,18 @@ import pytest
 
 from helpers import CourseInputError
 from helpers.cluster import ClusterStartError, LocalCluster, executor_memory_mb, parse_memory_mb
+from tests.processes import alive, processes_of
 
 REPO = Path(__file__).resolve().parent.parent
 # Generous: cluster start takes 15-40 s on 2 busy cores.
 START_TIMEOUT = 150
 SCRIPT_TIMEOUT = 420
 
-MARKERS = (
-    "org.apache.spark.deploy.master.Master",
-    "org.apache.spark.deploy.worker.Worker",
-    "CoarseGrainedExecutorBackend",
-    "pyspark.daemon",
-)
-
-
-def cluster_processes(work: str) -> list[int]:
-    """Masters, workers, executors and Python workers started with ``work`` as the course's work directory."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("COURSE_WORK_DIR") == work and any(m in " ".join(proc.cmdline()) for m in MARKERS):
-                found.append(proc.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
-    return found
-
-
-def alive(pids: list[int]) -> list[int]:
-    """The processes of ``pids`` that still exist."""
-    return [pid for pid in pids if psutil.pid_exists(pid)]
-
-
-# The driver scripts share the two functions above.
+# The driver scripts run with the repository on PYTHONPATH and share the test's process helpers.
 PRELUDE = (
-    "import json, os, sys, time\nimport psutil\n"
-    f"MARKERS = {MARKERS!r}\nWORK = os.environ['COURSE_WORK_DIR']\n"
-    + inspect.getsource(cluster_processes)
-    + inspect.getsource(alive)
+    "import json, os, sys, time\n"
+    "from tests.processes import alive, processes_of\n"
+    "WORK = os.environ['COURSE_WORK_DIR']\n"
 )
 
 MAIN_SCRIPT = PRELUDE + '''
@@ -87,7 +61,7 @@ with LocalCluster(workers=2, start_timeout=START_TIMEOUT) as cluster:
     state = master_state(cluster.ui_url)
     report["alive_workers"] = alive_workers(state)
     report["aliveworkers_field"] = state.get("aliveworkers")
-    report["running"] = cluster_processes(WORK)
+    report["running"] = processes_of(WORK)
     report["sizing"] = sizing(cluster.spark)
     report["tasks"] = cluster.spark.sparkContext.parallelize(range(80), 8).mapPartitions(where_am_i).collect()
 
@@ -107,7 +81,7 @@ with LocalCluster(workers=2, start_timeout=START_TIMEOUT) as cluster:
     report["alive_after_kill"] = cluster.alive_workers()
     report["killed_pid"] = killed
     report["killed_running"] = alive([killed])
-report["left_after_exit"] = cluster_processes(WORK)
+report["left_after_exit"] = processes_of(WORK)
 report["pids_after_exit"] = alive(report["pids"])
 local = get_spark(cores=1)
 report["local_after_exit"] = [local.sparkContext.master, sizing(local)]
@@ -122,7 +96,7 @@ import atexit
 report = {}
 
 def check_at_exit():
-    report["exit_left"] = cluster_processes(WORK)
+    report["exit_left"] = processes_of(WORK)
     report["exit_pids_running"] = alive(report["exit_pids"])
     print("REPORT " + json.dumps(report), flush=True)
 
@@ -134,16 +108,16 @@ cluster = LocalCluster(workers=1, start_timeout=START_TIMEOUT)
 try:
     with cluster:
         report["error_pids"] = cluster.pids
-        report["error_running"] = cluster_processes(WORK)
+        report["error_running"] = processes_of(WORK)
         raise RuntimeError("boom inside the with block")
 except RuntimeError as error:
     report["error"] = str(error)
-report["error_left"] = cluster_processes(WORK)
+report["error_left"] = processes_of(WORK)
 report["error_pids_running"] = alive(report["error_pids"])
 
 abandoned = LocalCluster(workers=1, start_timeout=START_TIMEOUT).start()
 report["exit_pids"] = abandoned.pids
-report["exit_running"] = cluster_processes(WORK)
+report["exit_running"] = processes_of(WORK)
 '''
 
 
@@ -296,7 +270,7 @@ def test_sigterm_to_the_driver_stops_the_cluster_before_it_dies(tmp_path):
         process.kill()
     # Checked at once: the handler stopped them before the driver died of the signal.
     assert alive(pids) == []
-    assert cluster_processes(str(tmp_path)) == []
+    assert processes_of(str(tmp_path)) == []
 
 
 @pytest.mark.slow

@@ -23,18 +23,11 @@ import psutil
 import pytest
 
 from tests.image_folders import make_image_folder
+from tests.processes import SPARK_MARKERS, TORCHRUN_MARKERS, processes_of
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT_TIMEOUT = 480
 FAIL_LIMIT_S = 120  # from the kill to DistributorError in the driver
-MARKERS = (
-    "org.apache.spark.deploy.master.Master",
-    "org.apache.spark.deploy.worker.Worker",
-    "CoarseGrainedExecutorBackend",
-    "pyspark.daemon",
-    "torch.distributed.run",
-    "torch_run_process_wrapper",
-)
 
 SCRIPT = '''
 import json, os, sys, threading, time
@@ -102,14 +95,7 @@ print("REPORT " + json.dumps(report), flush=True)
 
 def our_processes(work: str) -> list[int]:
     """Spark and torchrun processes started with ``work`` as the course's work directory."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("COURSE_WORK_DIR") == work and any(m in " ".join(proc.cmdline()) for m in MARKERS):
-                found.append(proc.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
-    return found
+    return processes_of(work, SPARK_MARKERS + TORCHRUN_MARKERS)
 
 
 @pytest.fixture(scope="module")
