@@ -30,6 +30,7 @@ from matplotlib.ticker import MaxNLocator
 
 from helpers import CourseInputError
 from helpers.datamodule import PetastormDataModule
+from helpers.devices import check_flag
 from helpers.training import steps_per_epoch
 
 __all__ = [
@@ -125,17 +126,20 @@ def train_worker(
     experiment: str | None = None,
     tracking_uri: str | None = None,
     accelerator: str = "cpu",
+    mixed_precision: bool = False,
     seed: int = 0,
     run_name: str | None = None,
     extra_params: dict[str, Any] | None = None,
 ):
-    """Runs in every Horovod process: this rank's shard, the lesson 2 model, ``train`` with ``HorovodStrategy``.
+    """Runs in every Horovod process: this rank's shard, the lesson 2 model, ``train`` with ``HorovodStrategy``
+    and the precision :func:`helpers.devices.precision_for` picks for this process's device.
 
     Returns ``train``'s ``TrainResult`` (with the MLflow run id on rank 0).
     """
     import horovod.torch as hvd
     import pytorch_lightning as pl
 
+    from helpers.devices import precision_for
     from helpers.horovod_strategy import HorovodStrategy
     from helpers.model import LitClassificationModel
     from helpers.training import train
@@ -146,8 +150,9 @@ def train_worker(
                                                device_id=hvd.rank(), device_count=hvd.size())
     model = LitClassificationModel(class_count, learning_rate=learning_rate, image_size=image_size)
     return train(model, datamodule, max_epochs=max_epochs, accelerator=accelerator, strategy=HorovodStrategy(),
-                 early_stopping=early_stopping, mlflow_experiment=experiment, tracking_uri=tracking_uri,
-                 run_name=run_name, extra_params=extra_params, progress_bar=False)
+                 precision=precision_for(mixed_precision, accelerator == "gpu"), early_stopping=early_stopping,
+                 mlflow_experiment=experiment, tracking_uri=tracking_uri, run_name=run_name,
+                 extra_params=extra_params, progress_bar=False)
 
 
 def run_training(
@@ -168,6 +173,7 @@ def run_training(
     patience: int = 10,
     stopping_threshold: float | None = None,
     accelerator: str = "cpu",
+    mixed_precision: bool = False,
     seed: int = 0,
     tracking_uri: str | None = None,
 ):
@@ -181,7 +187,9 @@ def run_training(
     devices, launcher, epoch_mode, batch sizes, steps per epoch, early-stopping settings, the stop reason
     Lightning reported) and the metrics ``epochs_run``, ``best_val_loss``, ``last_val_loss``, ``val_acc``,
     ``job_time_s`` (the whole job: process start-up, data readers, training), next to ``train``'s own
-    ``wall_time_s`` (the fit alone) and per-epoch history.
+    ``wall_time_s`` (the fit alone) and per-epoch history. ``accelerator="gpu"`` gives every process a GPU of
+    its own (checked before a local job starts: see ``HorovodRunner(use_gpu=True)``); ``mixed_precision`` trains
+    with ``precision_for(True, ...)``, recorded as the run's ``precision`` parameter.
     """
     from helpers.horovod_runner import HorovodRunner
 
@@ -190,17 +198,19 @@ def run_training(
     if launcher not in ("local", "spark"):
         raise CourseInputError(f"launcher={launcher!r}: use 'local' (np=-N, this machine) or 'spark' (np=N).")
     _datamodule_class(epoch_mode)
+    check_flag("mixed_precision", mixed_precision)
     rows = len(train_converter)
     device_batch = batch_size * devices if epoch_mode == FIXED_STEPS else batch_size
     steps = steps_per_epoch(rows, batch_size, 1 if epoch_mode == FIXED_STEPS else devices)
     early_stopping = {"min_delta": min_delta, "patience": patience, "stopping_threshold": stopping_threshold}
     run_name = f"{epoch_mode}-devices{devices}-{sweep}"
     started = time.perf_counter()
-    result = HorovodRunner(np=-devices if launcher == "local" else devices).run(
+    runner = HorovodRunner(np=-devices if launcher == "local" else devices, use_gpu=accelerator == "gpu")
+    result = runner.run(
         train_worker, train_converter=train_converter, val_converter=val_converter, class_count=class_count,
         epoch_mode=epoch_mode, batch_size=batch_size, image_size=image_size, learning_rate=learning_rate,
         max_epochs=max_epochs, early_stopping=early_stopping, experiment=experiment, tracking_uri=tracking_uri,
-        accelerator=accelerator, seed=seed, run_name=run_name,
+        accelerator=accelerator, mixed_precision=mixed_precision, seed=seed, run_name=run_name,
         extra_params={"epoch_mode": epoch_mode, "steps_per_epoch": steps, "train_rows": rows},
     )
     job_time_s = time.perf_counter() - started

@@ -11,7 +11,8 @@ can exercise the GPU branches on a CPU-only machine (``cuda_count`` lets them pr
   more processes on a machine than GPUs is an error that says so;
 * ``precision_for(mixed_precision, use_gpu)``: ``Trainer(precision=...)``: ``"32-true"``, or automatic mixed
   precision (``"bf16-mixed"`` where the GPU supports bfloat16, else ``"16-mixed"``; ``"bf16-mixed"`` on CPU);
-* ``horovod_gpu_support()``: whether the installed Horovod was built with CUDA and NCCL (``make setup GPU=1``).
+* ``horovod_gpu_support()``: whether the installed Horovod was built with CUDA and NCCL (``make setup GPU=1``);
+* ``check_flag(name, value)``: ``use_gpu``, ``mixed_precision`` and the like must be True or False.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from helpers import CourseInputError
 __all__ = [
     "PRECISIONS",
     "accelerator_for",
+    "check_flag",
     "describe_devices",
     "device_for_local_rank",
     "gpu_available",
@@ -49,7 +51,9 @@ def gpu_available() -> bool:
     return gpu_count() > 0
 
 
-def _check_flag(name: str, value: Any, allow_none: bool = False) -> None:
+def check_flag(name: str, value: Any, allow_none: bool = False) -> None:
+    """Raise :class:`CourseInputError` unless ``value`` is True or False (or None with ``allow_none``): a flag
+    such as ``use_gpu`` given as ``"yes"`` or ``1`` is a mistake, not a truthy value."""
     if value is None and allow_none:
         return
     if not isinstance(value, bool):
@@ -64,7 +68,7 @@ def accelerator_for(use_gpu: bool | None, cuda_count: int | None = None) -> str:
     :class:`CourseInputError` (a run meant for GPUs should not quietly take hours on the CPU). ``cuda_count``
     overrides the detected number of GPUs (for tests).
     """
-    _check_flag("use_gpu", use_gpu, allow_none=True)
+    check_flag("use_gpu", use_gpu, allow_none=True)
     count = gpu_count() if cuda_count is None else cuda_count
     if use_gpu is None:
         return "gpu" if count > 0 else "cpu"
@@ -87,7 +91,7 @@ def device_for_local_rank(local_rank: int, use_gpu: bool, cuda_count: int | None
 
     if isinstance(local_rank, bool) or not isinstance(local_rank, int) or local_rank < 0:
         raise CourseInputError(f"local_rank={local_rank!r}: pass the process's index on its machine, 0, 1, ...")
-    _check_flag("use_gpu", use_gpu)
+    check_flag("use_gpu", use_gpu)
     if not use_gpu:
         return torch.device("cpu")
     count = gpu_count() if cuda_count is None else cuda_count
@@ -114,8 +118,8 @@ def precision_for(mixed_precision: bool, use_gpu: bool, bf16: bool | None = None
     """``Trainer(precision=...)``: ``"32-true"`` without mixed precision; with it, ``"bf16-mixed"`` where bfloat16
     is supported (the CPU, Ampere and newer GPUs such as A100/H100) and ``"16-mixed"`` (float16 with a gradient
     scaler) on older GPUs such as the T4 or V100. ``bf16`` overrides the detection (for tests)."""
-    _check_flag("mixed_precision", mixed_precision)
-    _check_flag("use_gpu", use_gpu)
+    check_flag("mixed_precision", mixed_precision)
+    check_flag("use_gpu", use_gpu)
     if not mixed_precision:
         return "32-true"
     supported = _bf16_supported(use_gpu) if bf16 is None else bf16

@@ -45,6 +45,7 @@ from typing import Any
 import cloudpickle
 
 from helpers import CourseInputError
+from helpers.devices import check_flag, precision_for
 from helpers.horovod_runner import JOB_DIR_ENV, fail_open_mlflow_runs
 from helpers.spark import configure_python_env
 from helpers.training import TrainResult
@@ -85,7 +86,10 @@ class TrainSettings:
     ``batch_size`` and ``learning_rate`` are per process (the learning rate is multiplied by the world size).
     ``default_dir`` is the checkpoint folder (by default one per run under the work directory); ``ckpt_restore``
     a checkpoint to continue from. ``work_dir`` is fixed when the settings are made, on the driver, so that the
-    workers use the driver's work directory (shared storage on a real cluster).
+    workers use the driver's work directory (shared storage on a real cluster). ``use_gpu``: one GPU per process;
+    ``mixed_precision``: the Trainer's precision from :func:`helpers.devices.precision_for`, decided in each
+    process by its own device (``"bf16-mixed"`` on the CPU and on Ampere or newer GPUs, ``"16-mixed"`` on older
+    ones). Both must be True or False (:class:`CourseInputError` otherwise).
     """
 
     batch_size: int = 32
@@ -94,6 +98,7 @@ class TrainSettings:
     max_epochs: int = 4
     early_stopping: dict[str, Any] | bool | None = None
     use_gpu: bool = False
+    mixed_precision: bool = False
     mlflow_experiment: str | None = None
     tracking_uri: str | None = None
     ckpt_restore: str | None = None
@@ -101,6 +106,11 @@ class TrainSettings:
     run_name: str | None = None
     seed: int = 0
     work_dir: str = field(default_factory=lambda: str(work_dir()))
+
+    def __post_init__(self) -> None:
+        """Refuse flags that are not True or False (``use_gpu="yes"``) on the driver, before any job starts."""
+        check_flag("use_gpu", self.use_gpu)
+        check_flag("mixed_precision", self.mixed_precision)
 
     def replace(self, **changes: Any) -> TrainSettings:
         """A copy with ``changes`` (``settings.replace(ckpt_restore=path)``)."""
@@ -200,7 +210,8 @@ def train_process(
     job_dir: str | None = None,
 ) -> TrainResult | None:
     """The body every process runs, for ``launcher`` ``"horovod"`` or ``"torch_distributor"``: this process's
-    shard, the lesson 2 model, and ``train(...)`` with the launcher's strategy. Returns ``train``'s result on
+    shard, the lesson 2 model, and ``train(...)`` with the launcher's strategy, accelerator and precision
+    (``settings.use_gpu``, ``settings.mixed_precision``). Returns ``train``'s result on
     global rank 0 (and writes it to ``job_dir``), None on the other ranks."""
     from helpers.datamodule import PetastormDataModule
     from helpers.model import LitClassificationModel
@@ -237,6 +248,7 @@ def train_process(
         model, datamodule,
         max_epochs=settings.max_epochs,
         accelerator="gpu" if settings.use_gpu else "cpu",
+        precision=precision_for(settings.mixed_precision, settings.use_gpu),
         default_dir=settings.default_dir,
         ckpt_restore=settings.ckpt_restore,
         mlflow_experiment=settings.mlflow_experiment,

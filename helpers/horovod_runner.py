@@ -36,6 +36,10 @@ unpickles a function defined in it. Notebooks need no guard.
 ``np`` larger than the cores of this machine (``np < 0``) or than Spark's task slots (``np > 0``) gives a
 warning, not an error: the job still runs (slowly, oversubscribed, or, on Spark, once enough executors join;
 Horovod waits ``HOROVOD_SPARK_START_TIMEOUT`` seconds, 600 by default, for them).
+
+``use_gpu=True`` on a local job (``np < 0``, one GPU per process, ``cuda:<local rank>``) is checked before anything
+starts: more processes than GPUs, or a Horovod built without CUDA, is a :class:`~helpers.CourseInputError`; a
+Horovod built without NCCL gives a warning (it works, but every gradient goes through host memory over Gloo).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from typing import Any
 import cloudpickle
 
 from helpers import CourseInputError
+from helpers.devices import check_flag, gpu_count, horovod_gpu_support
 from helpers.spark import configure_python_env
 from helpers.workdir import work_dir
 
@@ -222,11 +227,47 @@ def _worker_error(original: BaseException, reports: dict[int, _Report], np: int)
     return HorovodWorkerError(f"The Horovod job failed: {original}", None)
 
 
+def _check_local_gpus(np: int, gpus: int, support: dict[str, bool]) -> None:
+    """Before a local GPU job (``np < 0``, ``use_gpu=True``): one GPU per process, and a Horovod that can use them.
+
+    ``gpus`` is the number of GPUs on this machine, ``support`` what :func:`helpers.devices.horovod_gpu_support`
+    says about the installed Horovod. Raises :class:`CourseInputError` for more processes than GPUs or a Horovod
+    without CUDA (it cannot allreduce GPU tensors); warns for a Horovod without NCCL (it copies every gradient to
+    the host and averages it over Gloo: correct, but much slower).
+    """
+    processes = -np
+    if processes > gpus:
+        have = f"{gpus} GPU{'s' if gpus > 1 else ''}" if gpus else "no CUDA GPU"
+        fix = f"use np=-{gpus}" if gpus else "run it on a GPU machine"
+        asked = f"{processes} local processes with one GPU each" if processes > 1 else "1 local process with a GPU"
+        raise CourseInputError(
+            f"HorovodRunner(np={np}, use_gpu=True) asks for {asked}, but this machine has {have}: {fix}, or "
+            "use_gpu=False to train on the CPU."
+        )
+    rebuild = "rm -rf .cache/wheels/horovod-* .venv/.setup-done && make setup GPU=1"
+    if not support["cuda"]:
+        state = "was built without CUDA" if support["installed"] else "is not installed"
+        raise CourseInputError(
+            f"HorovodRunner(np={np}, use_gpu=True): Horovod {state}, so it cannot average GPU gradients: build it "
+            f"with CUDA and NCCL (`{rebuild}`), or use_gpu=False to train on the CPU."
+        )
+    if not support["nccl"]:
+        warnings.warn(
+            f"HorovodRunner(np={np}, use_gpu=True): Horovod was built without NCCL, so every gradient is copied to "
+            f"the host and averaged over Gloo (much slower): rebuild it with `{rebuild}`.",
+            stacklevel=4,
+        )
+
+
 class HorovodRunner:
     """Run a training function on ``|np|`` Horovod processes and return rank 0's result.
 
     ``np < 0``: ``-np`` processes on this machine (Gloo over local TCP); use it to develop and on a single node.
     ``np > 0``: ``np`` processes, one per task of the active SparkSession (``horovod.spark.run`` over Gloo).
+
+    ``use_gpu``: the processes train on GPUs, one each. For a local job it is checked before anything starts (see
+    :func:`_check_local_gpus`; ``cuda_count`` overrides the detected number of GPUs, for tests). On Spark the GPUs
+    are the workers' and the driver cannot count them: give every task one (``spark.task.resource.gpu.amount=1``).
 
     ``driver_log_verbosity``: ``"all"`` streams every worker's stdout and stderr into the notebook;
     ``"log_callback_only"`` (the default, as on Databricks) leaves Spark workers' output in the executor logs.
@@ -234,7 +275,8 @@ class HorovodRunner:
     come back (see :class:`HorovodWorkerError`).
     """
 
-    def __init__(self, np: int, driver_log_verbosity: str = "log_callback_only"):
+    def __init__(self, np: int, driver_log_verbosity: str = "log_callback_only", *, use_gpu: bool = False,
+                 cuda_count: int | None = None):
         if isinstance(np, bool) or not isinstance(np, int):
             raise CourseInputError(
                 f"HorovodRunner(np=...) takes an int, got {np!r}: np=-2 (2 local processes) or np=2 (2 Spark tasks)."
@@ -248,8 +290,11 @@ class HorovodRunner:
                 f"driver_log_verbosity={driver_log_verbosity!r} is not one of {VERBOSITIES}: use 'all' to see every "
                 "worker's output."
             )
+        check_flag("use_gpu", use_gpu)
         self.np = np
         self.driver_log_verbosity = driver_log_verbosity
+        self.use_gpu = use_gpu
+        self.cuda_count = cuda_count
 
     @property
     def num_processes(self) -> int:
@@ -259,8 +304,8 @@ class HorovodRunner:
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every process; return what rank 0 returned.
 
-        Raises :class:`CourseInputError` if ``main`` or ``kwargs`` cannot be pickled, and
-        :class:`HorovodWorkerError` if a worker raises or dies.
+        Raises :class:`CourseInputError` if ``main`` or ``kwargs`` cannot be pickled or a local GPU job lacks
+        a GPU per process or a Horovod built with CUDA, and :class:`HorovodWorkerError` if a worker raises or dies.
         """
         if not callable(main):
             raise CourseInputError(f"HorovodRunner.run needs a function to run, got {type(main).__name__}.")
@@ -293,8 +338,12 @@ class HorovodRunner:
                 ) from exc
 
     def _check_resources(self) -> None:
-        """Warn when there are fewer cores (local) or task slots (Spark) than processes; Spark needs a session."""
+        """Warn when there are fewer cores (local) or task slots (Spark) than processes; Spark needs a session; a
+        local GPU job needs a GPU per process and a Horovod built for GPUs."""
         if self.np < 0:
+            if self.use_gpu:
+                gpus = gpu_count() if self.cuda_count is None else self.cuda_count
+                _check_local_gpus(self.np, gpus, horovod_gpu_support())
             cores = os.cpu_count() or 1
             if self.num_processes > cores:
                 warnings.warn(

@@ -89,6 +89,18 @@ def test_fixed_steps_epochs_read_n_squared_passes(devices):
     assert passes == pytest.approx(devices**2, rel=0.03)
 
 
+def test_gpu_and_precision_settings_are_checked_before_a_job_starts():
+    from helpers.analysis import run_training
+    from helpers.devices import gpu_count
+
+    common = dict(experiment=EXPERIMENT, sweep=SWEEP)
+    with pytest.raises(CourseInputError, match=r"^mixed_precision='yes': pass True or False\.$"):
+        run_training(1, _Rows(), _Rows(), 10, mixed_precision="yes", **common)
+    devices = gpu_count() + 1  # one process more than this machine has GPUs
+    with pytest.raises(CourseInputError, match=rf"np=-{devices}, use_gpu=True\) asks for {devices} local process"):
+        run_training(devices, _Rows(), _Rows(), 10, accelerator="gpu", **common)
+
+
 def test_runs_table_of_a_missing_experiment_is_empty(tmp_path):
     table = runs_table("no-such-experiment", f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert table.empty and {"devices", "wall_time_s", "logged_stop_reason"} <= set(table.columns)
@@ -113,9 +125,11 @@ def recorded(spark, tmp_path_factory):
         # val_loss starts near ln(10) = 2.3 < 5: the threshold fires after the first epoch
         "stopping_threshold": run_training(1, train_converter, val_converter, len(class_names), max_epochs=3,
                                            min_delta=0.01, patience=5, stopping_threshold=5.0, **common),
-        # no epoch can beat the best by 10: after the first epoch, patience 1 runs out at the second
+        # no epoch can beat the best by 10: after the first epoch, patience 1 runs out at the second; in mixed
+        # precision (bfloat16 on the CPU), which must not change that
         "patience": run_training(2, train_converter, val_converter, len(class_names), max_epochs=3,
-                                 min_delta=10.0, patience=1, stopping_threshold=None, **common),
+                                 min_delta=10.0, patience=1, stopping_threshold=None, mixed_precision=True,
+                                 **common),
     }
     model = LitClassificationModel(len(class_names), learning_rate=0.05, image_size=8)
     datamodule = PetastormDataModule(train_converter, val_converter, batch_size=64, image_size=8)
@@ -155,6 +169,7 @@ def test_runs_table_reads_tags_and_metrics_back(recorded):
         assert row["best_val_loss"] == pytest.approx(result.best_val_loss)
         assert row["last_val_loss"] == pytest.approx(result.last_val_loss)
         assert row["batch_size"] == int(run.data.params["batch_size"])
+        assert run.data.params["precision"] == ("bf16-mixed" if reason == "patience" else "32-true")
     assert table.loc[results["patience"].mlflow_run_id, "launcher"] == "local"
     assert table.loc[results["max_epochs"].mlflow_run_id, "launcher"] == "plain"
     assert math.isnan(table.loc[results["patience"].mlflow_run_id, "stopping_threshold"])

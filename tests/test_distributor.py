@@ -49,6 +49,43 @@ def test_settings_are_fixed_on_the_driver_and_copied_with_changes(tmp_path, monk
     assert (resumed.ckpt_restore, resumed.max_epochs, settings.ckpt_restore) == ("x/last.ckpt", 2, None)
 
 
+def test_settings_default_to_the_cpu_in_full_precision_and_refuse_flags_that_are_not_bools():
+    settings = TrainSettings()
+    assert (settings.use_gpu, settings.mixed_precision) == (False, False)
+    mixed = settings.replace(mixed_precision=True)
+    assert (mixed.mixed_precision, mixed.use_gpu, mixed.work_dir) == (True, False, settings.work_dir)
+    with pytest.raises(CourseInputError, match=r"^mixed_precision='yes': pass True or False\.$"):
+        TrainSettings(mixed_precision="yes")
+    with pytest.raises(CourseInputError, match=r"^use_gpu=1: pass True or False\.$"):
+        settings.replace(use_gpu=1)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Precision bf16-mixed is not supported by the model summary")
+def test_mixed_precision_reaches_the_trainer_of_a_real_horovod_run(spark, digits_dir: Path, tmp_path, monkeypatch):
+    """``train_hvd`` in this process (Horovod with one rank): on the CPU mixed precision is bfloat16."""
+    import horovod.torch as hvd
+
+    from helpers.devices import precision_for
+    from helpers.distributor import train_hvd
+    from helpers.loaders import prepare_data
+
+    assert precision_for(True, use_gpu=False) == "bf16-mixed"
+    _, train_converter, val_converter, class_names = prepare_data(digits_dir, num_devices=1, spark=spark)
+    monkeypatch.setenv("COURSE_WORK_DIR", str(tmp_path))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    settings = TrainSettings(batch_size=64, image_size=8, max_epochs=1, mixed_precision=True,
+                             mlflow_experiment="mixed-precision", tracking_uri=uri)
+    try:
+        result = train_hvd(train_converter, val_converter, len(class_names), settings)
+    finally:
+        hvd.shutdown()
+    assert result.epochs_run == 1 and result.val_acc is not None and result.best_val_loss < 10
+    params = MlflowClient(uri).get_run(result.mlflow_run_id).data.params
+    assert (params["precision"], params["accelerator"], params["strategy"]) == (
+        "bf16-mixed", "cpu", "HorovodStrategy")
+
+
 def test_more_processes_than_task_slots_is_refused_before_starting(spark):
     slots = task_slots(spark)
     assert slots == 2  # the shared local[2] session

@@ -112,7 +112,7 @@ def test_horovod_runner_trains_on_the_gpu(data, tmp_path):
         f"Horovod was built without CUDA ({support}): rebuild it with NCCL, `make setup GPU=1` "
         "(rm -rf .cache/wheels/horovod-* .venv/.setup-done first)"
     )
-    out = HorovodRunner(np=-1).run(
+    out = HorovodRunner(np=-1, use_gpu=True).run(
         _train_on_horovod_gpu, train_converter=data.train_converter, val_converter=data.val_converter,
         class_count=len(data.class_names), backbone=_backbone(), default_dir=str(tmp_path),
     )

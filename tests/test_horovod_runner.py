@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import cloudpickle
@@ -109,6 +110,51 @@ def test_np_above_core_count_warns_with_the_numbers(monkeypatch: pytest.MonkeyPa
     with pytest.warns(UserWarning, match="3 processes on a machine with 2 cores"):
         assert runner.run(rank_info, tag="x") == "rank 0"
     assert launched == [3]
+
+
+# --- GPU jobs (checked before anything starts, so they run on the CPU too) -------------------------------------
+
+
+@pytest.mark.parametrize(("gpus", "have", "fix"), [(1, "1 GPU", "use np=-1"), (2, "2 GPUs", "use np=-2"),
+                                                    (0, "no CUDA GPU", "run it on a GPU machine")])
+def test_local_gpu_job_needs_one_gpu_per_process(gpus: int, have: str, fix: str) -> None:
+    with pytest.raises(CourseInputError) as caught:
+        HorovodRunner(np=-4, use_gpu=True, cuda_count=gpus).run(rank_info, tag="x")
+    assert str(caught.value) == (
+        f"HorovodRunner(np=-4, use_gpu=True) asks for 4 local processes with one GPU each, but this machine has "
+        f"{have}: {fix}, or use_gpu=False to train on the CPU."
+    )
+
+
+def test_use_gpu_must_be_a_bool() -> None:
+    with pytest.raises(CourseInputError, match=r"^use_gpu='yes': pass True or False\.$"):
+        HorovodRunner(np=-1, use_gpu="yes")  # type: ignore[arg-type]
+
+
+def test_horovod_without_cuda_is_refused_and_without_nccl_warned() -> None:
+    from helpers.horovod_runner import _check_local_gpus
+
+    full = {"installed": True, "cuda": True, "nccl": True, "gloo": True}
+    with pytest.raises(CourseInputError, match=r"Horovod was built without CUDA.*make setup GPU=1.*use_gpu=False"):
+        _check_local_gpus(-2, 2, {**full, "cuda": False, "nccl": False})
+    with pytest.raises(CourseInputError, match=r"Horovod is not installed"):
+        _check_local_gpus(-1, 1, dict.fromkeys(full, False))
+    with pytest.warns(UserWarning, match=r"built without NCCL.*host.*make setup GPU=1"):
+        _check_local_gpus(-2, 2, {**full, "nccl": False})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _check_local_gpus(-2, 4, full)
+
+
+def test_gpu_job_with_this_machine_s_horovod() -> None:
+    """The real detection: a Horovod built without CUDA (the CPU build of ``make setup``) refuses a GPU job."""
+    from helpers.devices import horovod_gpu_support
+
+    if horovod_gpu_support()["cuda"]:
+        pytest.skip("this Horovod was built with CUDA")
+    expected = r"^HorovodRunner\(np=-1, use_gpu=True\): Horovod was built without CUDA"
+    with pytest.raises(CourseInputError, match=expected):
+        HorovodRunner(np=-1, use_gpu=True, cuda_count=1).run(rank_info, tag="x")
 
 
 def test_runner_class_is_ours_without_sparkdl() -> None:
