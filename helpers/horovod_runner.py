@@ -28,6 +28,10 @@ What this module adds to plain ``horovod.run``:
 * **One CPU share per process.** Each worker sets ``OMP_NUM_THREADS`` and ``torch.set_num_threads`` to its share
   of the machine's cores (cores // processes on that machine, at least 1), so 2 processes on 2 cores do not each
   start 2 compute threads and fight over the cores.
+* **Horovod's own defaults.** ``horovod.run`` 0.28.1 passes its workers ``HOROVOD_CYCLE_TIME`` and
+  ``HOROVOD_CACHE_CAPACITY`` as the text ``"(None,)"`` when they are not set, which Horovod reads as 0: its
+  background thread then polls without pause and slows training on the same core by 2x (measured with 1
+  process on one core). Each worker puts back the driver's value, or Horovod's default.
 
 A script that calls ``HorovodRunner(...).run`` must do it under ``if __name__ == "__main__":``: the workers are
 new Python processes, and a script that starts a job at import time would start it again in every worker that
@@ -114,14 +118,36 @@ def _pin_threads() -> int:
     return threads
 
 
+#: Tuning variables that ``horovod.run`` (0.28.1) hands every worker as the text ``"(None,)"`` when the caller
+#: did not set them (trailing commas in its ``_HorovodArgs``). Horovod's core parses that as 0: a cycle time of
+#: 0 ms, so its background thread polls without pause and takes about half of the worker's core, and no response
+#: cache.
+_LAUNCHER_TUNING_ENV = ("HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY")
+
+
+def _repair_launcher_env(driver_values: dict[str, str | None]) -> None:
+    """Undo ``horovod.run``'s ``"(None,)"`` tuning values in this worker before ``hvd.init()`` reads them: the
+    driver's own setting where it had one, else unset (Horovod's defaults)."""
+    for name in _LAUNCHER_TUNING_ENV:
+        if os.environ.get(name) != "(None,)":
+            continue
+        if driver_values.get(name) is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = driver_values[name]
+
+
 class _WorkerCall:
-    """The function the workers run: pins threads, calls ``fn`` and writes a report file if it raises."""
+    """The function the workers run: repairs the launcher's environment, pins threads, calls ``fn`` and writes a
+    report file if it raises."""
 
     def __init__(self, fn: Callable[..., Any], report_dir: str):
         self.fn = fn
         self.report_dir = report_dir
+        self.driver_tuning = {name: os.environ.get(name) for name in _LAUNCHER_TUNING_ENV}
 
     def __call__(self, **kwargs: Any) -> Any:
+        _repair_launcher_env(self.driver_tuning)
         _pin_threads()
         os.environ[JOB_DIR_ENV] = self.report_dir
         try:

@@ -73,6 +73,11 @@ def kill_rank_one() -> None:
     hvd.allreduce(torch.ones(1))
 
 
+def tuning_env() -> dict:
+    """What Horovod's core will read for its cycle time and response cache in this worker."""
+    return {name: os.environ.get(name) for name in ("HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY")}
+
+
 # --- input checks (nothing is started) -------------------------------------------------------------------------
 
 
@@ -176,6 +181,17 @@ def test_local_run_returns_rank_zero_result_with_repo_on_path_and_pinned_threads
     assert result["threads"] == expected_threads
     assert result["omp"] == str(expected_threads)
     assert REPO in result["pythonpath"]
+
+
+@pytest.mark.slow
+def test_workers_get_horovod_s_tuning_defaults_or_the_driver_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    # horovod.run would hand them "(None,)", which Horovod parses as a 0 ms cycle and no cache
+    monkeypatch.delenv("HOROVOD_CYCLE_TIME", raising=False)
+    monkeypatch.delenv("HOROVOD_CACHE_CAPACITY", raising=False)
+    assert HorovodRunner(np=-1).run(tuning_env) == {"HOROVOD_CYCLE_TIME": None, "HOROVOD_CACHE_CAPACITY": None}
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "2.5")
+    monkeypatch.setenv("HOROVOD_CACHE_CAPACITY", "512")
+    assert HorovodRunner(np=-1).run(tuning_env) == {"HOROVOD_CYCLE_TIME": "2.5", "HOROVOD_CACHE_CAPACITY": "512"}
 
 
 @pytest.mark.slow
