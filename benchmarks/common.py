@@ -27,17 +27,34 @@ BENCH_DIR = Path(__file__).resolve().parent
 MIN_REPEATS = 5
 
 
-def profile_text(fn: Callable[[], Any], rows: int) -> str:
-    """Run ``fn`` under cProfile; the ``rows`` functions with the most own time, as the stats table's text."""
+def profile_stats(fn: Callable[[], Any]) -> pstats.Stats:
+    """Run ``fn`` under cProfile and return its statistics."""
     profiler = cProfile.Profile()
     profiler.enable()
     fn()
     profiler.disable()
+    return pstats.Stats(profiler)
+
+
+def stats_text(stats: pstats.Stats, rows: int) -> str:
+    """The ``rows`` functions with the most own time, as the stats table's text."""
     out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(rows)
+    stats.stream = out
+    stats.sort_stats("tottime").print_stats(rows)
     text = out.getvalue()
     start = text.find("   ncalls")
     return text[start:] if start >= 0 else text
+
+
+def profile_text(fn: Callable[[], Any], rows: int) -> str:
+    """Run ``fn`` under cProfile; the ``rows`` functions with the most own time, as the stats table's text."""
+    return stats_text(profile_stats(fn), rows)
+
+
+def cumulative_seconds(stats: pstats.Stats, path_suffix: str, function: str) -> float:
+    """Cumulative seconds of the profiled functions named ``function`` in files ending with ``path_suffix``."""
+    return sum(entry[3] for (path, _, name), entry in stats.stats.items()  # type: ignore[attr-defined]
+               if name == function and path.replace("\\", "/").endswith(path_suffix))
 
 
 def median(values: list[float]) -> float:
@@ -71,23 +88,26 @@ def shortfall(value: float, target: float, direction: str) -> float:
     return abs(value - target) / target
 
 
-def alternate(variants: dict[str, Callable[[], float]], repeats: int = MIN_REPEATS,
+def alternate(variants: dict[str, Callable[[], float | dict[str, float]]], repeats: int = MIN_REPEATS,
               warmup: bool = True, log: Callable[[str], None] = print) -> dict[str, list[float]]:
     """Call every variant ``repeats`` times, in turn (A, B, C, A, B, C, ...); return each one's measurements.
 
-    Each callable returns its own measurement (seconds, or a rate). ``warmup`` first calls each once, unrecorded
-    (imports, caches, JIT). ``repeats`` below ``MIN_REPEATS`` is raised to it.
+    Each callable returns its own measurement (seconds, or a rate), or several measurements of one call as a
+    dict, recorded as ``"<variant>@<key>"``. ``warmup`` first calls each once, unrecorded (imports, caches, JIT).
+    ``repeats`` below ``MIN_REPEATS`` is raised to it.
     """
     repeats = max(repeats, MIN_REPEATS)
     if warmup:
         for name, fn in variants.items():
             fn()
-    results: dict[str, list[float]] = {name: [] for name in variants}
+    results: dict[str, list[float]] = {}
     for i in range(repeats):
         for name, fn in variants.items():
             value = fn()
-            results[name].append(value)
-            log(f"    rep {i + 1}/{repeats} {name}: {value:.4g}")
+            measured = {f"{name}@{key}": v for key, v in value.items()} if isinstance(value, dict) else {name: value}
+            for key, v in measured.items():
+                results.setdefault(key, []).append(v)
+                log(f"    rep {i + 1}/{repeats} {key}: {v:.4g}")
     return results
 
 
@@ -128,7 +148,7 @@ class Comparison:
         return {name: median(values) for name, values in self.values.items()}
 
     def summary(self) -> str:
-        miss = f" (misses by {self.gap:.0%} of the target)" if self.gap else ""
+        miss = f" (misses by {self.gap:.1%} of the target)" if self.gap else ""
         target = "no target" if self.report_only else f"target {self.direction} {self.target}"
         return f"{self.name}: {self.numerator} / {self.denominator} = {self.ratio:.3f} ({target}) {self.verdict}{miss}"
 
@@ -224,7 +244,7 @@ def write_report(machine: dict[str, Any], results: list[Comparison | Measurement
         if isinstance(r, Comparison):
             med = r.medians()
             shown = ", ".join(f"{k}: {med[k]:.4g} {r.metric}" for k in r.values)
-            verdict = r.verdict + (f" (by {r.gap:.0%})" if r.gap else "")
+            verdict = r.verdict + (f" (by {r.gap:.1%})" if r.gap else "")
             target = "none" if r.report_only else f"{r.direction} {r.target}"
             lines.append(f"| {r.name} | {r.numerator} / {r.denominator} | {shown} | {r.ratio:.3f} | "
                          f"{target} | {verdict} |")

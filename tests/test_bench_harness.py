@@ -38,9 +38,30 @@ def test_alternate_interleaves_and_repeats_at_least_five_times():
     assert values == {"A": [3.0, 5.0, 7.0, 9.0, 11.0], "B": [4.0, 6.0, 8.0, 10.0, 12.0]}
 
 
+def test_alternate_records_each_entry_of_a_dict_measurement():
+    counter = iter(range(100))
+    values = alternate({"run": lambda: {"64": float(next(counter)), "256": float(next(counter))}},
+                       warmup=False, log=lambda _: None)
+    assert values == {"run@64": [0.0, 2.0, 4.0, 6.0, 8.0], "run@256": [1.0, 3.0, 5.0, 7.0, 9.0]}
+
+
 def test_comparison_verdict():
     result = Comparison("x", "s", "new", "old", 1.10, "<=", {"new": [1.2, 1.1, 1.3], "old": [1.0, 1.0, 1.0]})
     assert result.ratio == pytest.approx(1.2)
     assert result.verdict == "MISS"
     data = result.to_json()
     assert data["passed"] is False and data["shortfall"] == pytest.approx(0.1 / 1.1)
+
+
+def test_run_sampled_sees_a_child_s_memory_and_reports_failures():
+    import sys
+
+    from benchmarks.course_timing import run_sampled
+
+    # the child holds ~300 MiB for a second: the sampler must see it in the tree and in the largest process
+    hold = "import time; block = bytearray(300 * 1024 * 1024); block[::4096] = b'x' * len(block[::4096]); time.sleep(1)"
+    run = run_sampled([sys.executable, "-c", hold])
+    assert run["peak_tree_mib"] >= 250
+    assert run["peak_process_mib"] >= 250
+    with pytest.raises(RuntimeError, match="exit 3"):
+        run_sampled([sys.executable, "-c", "print('about to fail'); raise SystemExit(3)"])
