@@ -43,7 +43,19 @@ def stats_text(stats: pstats.Stats, rows: int) -> str:
     stats.sort_stats("tottime").print_stats(rows)
     text = out.getvalue()
     start = text.find("   ncalls")
-    return text[start:] if start >= 0 else text
+    return _short_paths(text[start:] if start >= 0 else text)
+
+
+def _short_paths(text: str) -> str:
+    """Profile text without this machine's paths: ``site-packages/...``, ``stdlib/...``, repository-relative."""
+    import site
+    import sysconfig
+
+    prefixes = [(d, "site-packages") for d in {*site.getsitepackages(), sysconfig.get_paths()["purelib"]}]
+    prefixes += [(sysconfig.get_paths()["stdlib"], "stdlib"), (str(BENCH_DIR.parent), ".")]
+    for prefix, label in sorted(prefixes, key=lambda item: -len(item[0])):  # longest first: venv inside repo
+        text = text.replace(prefix.rstrip("/") + "/", label + "/")
+    return text
 
 
 def profile_text(fn: Callable[[], Any], rows: int) -> str:
@@ -202,7 +214,7 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         "versions": versions,
-        "executable": sys.executable,
+        "executable": _short_paths(sys.executable),  # no machine paths in the committed results
     }
 
 

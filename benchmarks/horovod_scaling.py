@@ -118,6 +118,21 @@ def horovod_worker(phases: list[tuple[int, int, int]]) -> dict[int, float]:
     return _train_phases(lambda: HorovodStrategy(scale_lr=False), 1, rank, world, phases)
 
 
+def profiled_horovod_worker(global_batch: int, warmup: int, steps: int) -> tuple[str, float, int]:
+    """Like ``horovod_worker`` (one phase) under cProfile: the profile's top, and the seconds and calls spent in
+    Horovod's wait for allreduce results (``horovod_torch_wait_and_clear``)."""
+    import pytorch_lightning  # noqa: F401 - imported before profiling, so the profile shows training only
+
+    import helpers.horovod_strategy  # noqa: F401
+    import helpers.model  # noqa: F401
+    from benchmarks.common import profile_stats, stats_text
+
+    stats = profile_stats(lambda: horovod_worker([(global_batch, warmup, steps)]))
+    waits = [entry for (_, _, name), entry in stats.stats.items()  # type: ignore[attr-defined]
+             if "horovod_torch_wait_and_clear" in name]
+    return stats_text(stats, 12), sum(e[2] for e in waits), sum(e[1] for e in waits)
+
+
 def _ddp_main(out: str, phases: list[tuple[int, int, int]]) -> None:
     """One DDP process (started by ``run_ddp``)."""
     import logging
@@ -237,6 +252,20 @@ class HorovodScalingBench:
                                      else "."))
         scaling.notes.append(split)
         versus.notes.append(split)
+        if not scaling.passed:
+            from helpers.horovod_runner import HorovodRunner
+
+            total = w + s
+            scaling.profile, wait_s, wait_calls = HorovodRunner(np=-2).run(profiled_horovod_worker,
+                                                                          global_batch=gb, warmup=w, steps=s)
+            scaling.notes.append(
+                f"Profile of rank 0 in a 2-process job ({total} steps at global batch {gb}, below): besides the "
+                f"compute kernels, rank 0 waits in `horovod_torch_wait_and_clear` for {1000 * wait_s / total:.1f} "
+                f"ms per step ({wait_calls / total:.1f} waits per step: one per gradient tensor the "
+                "DistributedOptimizer allreduces, plus the synchronous allreduce of `self.log(..., "
+                "sync_dist=True, on_step=True)` for train_loss). Horovod sends the gradients in its background "
+                "thread's cycles, so part of each step's communication cannot overlap the backward pass of "
+                "a model this small.")
         fixed = (
             "Found and fixed while writing this benchmark: `horovod.run` (0.28.1) hands its workers "
             "HOROVOD_CYCLE_TIME and HOROVOD_CACHE_CAPACITY as the text \"(None,)\", which Horovod reads as 0: its "

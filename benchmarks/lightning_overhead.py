@@ -125,7 +125,8 @@ class LightningOverheadBench:
                     "compute kernels (backward, conv2d, max_pool2d, batch_norm; top of the profile below) are the "
                     "same as in the plain loop. `self.log` is costly per call: Lightning 2.6 moves the "
                     "stored metric to the value's device on every call, walking all of its fields "
-                    "(`_ResultMetric.to` -> `apply_to_collection`), and lesson 2's "
+                    "(`_ResultMetric.to` -> `apply_to_collection`; known upstream as Lightning-AI/pytorch-lightning "
+                    "issue #20388, with an open fix in PR #21769), and lesson 2's "
                     "model logs once per training step and once per validation batch. That is the idiomatic "
                     "Lightning way the lesson teaches, so it stays; on a larger model or larger batches these fixed "
                     "costs shrink relative to the step.")
