@@ -47,7 +47,7 @@ import cloudpickle
 from helpers import CourseInputError
 from helpers.devices import check_flag, precision_for
 from helpers.horovod_runner import JOB_DIR_ENV, fail_open_mlflow_runs
-from helpers.spark import configure_python_env
+from helpers.spark import check_gpu_per_task, configure_python_env
 from helpers.training import TrainResult
 from helpers.workdir import ENV_VAR, work_dir, work_path
 
@@ -179,11 +179,8 @@ def make_distributor(num_processes: int = 2, use_gpu: bool = False, local_mode: 
                 f"TorchDistributor(num_processes={num_processes}, local_mode=False) runs {num_processes} Spark tasks "
                 f"at once, but the session has {slots} task slots: use num_processes={slots} or add workers."
             )
-        if use_gpu and spark.conf.get("spark.task.resource.gpu.amount", None) is None:
-            raise CourseInputError(
-                "use_gpu=True on a cluster needs one GPU per Spark task: start the cluster with "
-                "spark.task.resource.gpu.amount=1 (and spark.executor.resource.gpu.amount = GPUs per worker)."
-            )
+        if use_gpu:
+            check_gpu_per_task(spark, f"TorchDistributor(num_processes={num_processes}, local_mode=False)")
     return TorchDistributor(num_processes=num_processes, local_mode=local_mode, use_gpu=use_gpu)
 
 

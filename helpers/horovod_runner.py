@@ -69,7 +69,7 @@ import cloudpickle
 
 from helpers import CourseInputError
 from helpers.devices import check_flag, gpu_count, horovod_gpu_support
-from helpers.spark import configure_python_env
+from helpers.spark import check_gpu_per_task, configure_python_env
 from helpers.workdir import work_dir
 
 __all__ = ["HorovodRunner", "HorovodWorkerError", "record_mlflow_run", "runner_class"]
@@ -293,7 +293,8 @@ class HorovodRunner:
 
     ``use_gpu``: the processes train on GPUs, one each. For a local job it is checked before anything starts (see
     :func:`_check_local_gpus`; ``cuda_count`` overrides the detected number of GPUs, for tests). On Spark the GPUs
-    are the workers' and the driver cannot count them: give every task one (``spark.task.resource.gpu.amount=1``).
+    are the workers' and the driver cannot count them, so it checks that the session gives every task one
+    (``spark.task.resource.gpu.amount=1``, :func:`helpers.spark.check_gpu_per_task`).
 
     ``driver_log_verbosity``: ``"all"`` streams every worker's stdout and stderr into the notebook;
     ``"log_callback_only"`` (the default, as on Databricks) leaves Spark workers' output in the executor logs.
@@ -386,6 +387,8 @@ class HorovodRunner:
                 f"HorovodRunner(np={self.np}) runs on Spark, but there is no active SparkSession: call "
                 "helpers.spark.get_spark() first, or use np=-N to run on this machine."
             )
+        if self.use_gpu:
+            check_gpu_per_task(spark, f"HorovodRunner(np={self.np})")
         slots = spark.sparkContext.defaultParallelism
         if self.num_processes > slots:
             warnings.warn(

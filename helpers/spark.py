@@ -59,6 +59,21 @@ def configure_python_env() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([repo, *[p for p in paths if p]])
 
 
+def check_gpu_per_task(spark, launcher: str) -> None:
+    """Raise ``CourseInputError`` unless ``spark`` gives every task a GPU (``spark.task.resource.gpu.amount``).
+
+    Launchers that run one training process per Spark task (``launcher`` names the call, for the message) need it
+    on a GPU cluster: without it Spark does not assign GPUs to tasks, and the processes would not know which one
+    is theirs.
+    """
+    if spark.conf.get("spark.task.resource.gpu.amount", None) is None:
+        raise CourseInputError(
+            f"{launcher} with use_gpu=True needs one GPU per Spark task: start the cluster with "
+            "spark.task.resource.gpu.amount=1 (and spark.executor.resource.gpu.amount = GPUs per worker), or on a "
+            "single GPU machine run the processes locally."
+        )
+
+
 def petastorm_cache_url(work: str | os.PathLike | None = None) -> str:
     """``file://`` URL of the Petastorm converter cache under the work directory."""
     cache = work_dir(work) / "petastorm_cache"

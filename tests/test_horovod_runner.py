@@ -248,6 +248,13 @@ def test_spark_killed_worker_fails_the_job_quickly(spark) -> None:
     assert "died without a Python error" in str(caught.value)
 
 
+def test_spark_gpu_job_needs_one_gpu_per_task(spark) -> None:
+    # the shared local session schedules no GPUs: nothing may start
+    with pytest.raises(CourseInputError, match=r"^HorovodRunner\(np=2\) with use_gpu=True needs one GPU per Spark "
+                                               r"task: .*spark.task.resource.gpu.amount=1"):
+        HorovodRunner(np=2, use_gpu=True).run(rank_info, tag="gpu")
+
+
 def test_spark_mode_without_a_session_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
     from pyspark.sql import SparkSession
 
