@@ -1,8 +1,17 @@
-"""The processes a test started, found by the work folder in their environment (COURSE_WORK_DIR)."""
+"""Driver scripts that tests run as separate processes, and the processes a test started, found by the work folder
+in their environment (COURSE_WORK_DIR)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import psutil
+
+REPO = Path(__file__).resolve().parent.parent
 
 SPARK_MARKERS = (
     "org.apache.spark.deploy.master.Master",
@@ -28,3 +37,36 @@ def processes_of(work: str, markers: tuple[str, ...] = SPARK_MARKERS) -> list[in
 def alive(pids: list[int]) -> list[int]:
     """The processes of ``pids`` that still exist."""
     return [pid for pid in pids if psutil.pid_exists(pid)]
+
+
+def start_driver(source: str, work: Path, **constants: object) -> subprocess.Popen:
+    """Start ``source`` as a driver script in ``work`` (its COURSE_WORK_DIR), with this interpreter and the
+    repository on PYTHONPATH; ``constants`` are defined at its top (``NAME = repr(value)``). stdout is piped,
+    stderr (Spark's chatter) goes to ``driver.err`` in ``work``."""
+    work.mkdir(parents=True, exist_ok=True)
+    script = work / "driver.py"
+    script.write_text("".join(f"{name} = {value!r}\n" for name, value in constants.items()) + source)
+    env = dict(os.environ, COURSE_WORK_DIR=str(work), PYTHONPATH=str(REPO))
+    with open(work / "driver.err", "w") as err:
+        return subprocess.Popen(
+            [sys.executable, str(script)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True
+        )
+
+
+def driver_errors(work: Path) -> str:
+    """The end of a driver script's stderr, for failure messages."""
+    return (work / "driver.err").read_text()[-4000:]
+
+
+def run_driver(source: str, work: Path, timeout: float, **constants: object) -> tuple[dict, str]:
+    """Run a driver script (see :func:`start_driver`) to its end, at most ``timeout`` seconds; return the last
+    ``REPORT {json}`` line it printed, decoded, and its whole output."""
+    process = start_driver(source, work, **constants)
+    try:
+        stdout, _ = process.communicate(timeout=timeout)
+    finally:
+        process.kill()
+    lines = [line for line in stdout.splitlines() if line.startswith("REPORT ")]
+    assert lines, (f"the driver script printed no report (exit {process.returncode}):\n{stdout[-2000:]}\n"
+                   f"{driver_errors(work)}")
+    return json.loads(lines[-1][len("REPORT "):]), stdout

@@ -9,10 +9,8 @@ that directory in their environment, so Spark runs of other test sessions on the
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import psutil
@@ -20,9 +18,8 @@ import pytest
 
 from helpers import CourseInputError
 from helpers.cluster import ClusterStartError, LocalCluster, executor_memory_mb, parse_memory_mb
-from tests.processes import alive, processes_of
+from tests.processes import alive, driver_errors, processes_of, run_driver, start_driver
 
-REPO = Path(__file__).resolve().parent.parent
 # Generous: cluster start takes 15-40 s on 2 busy cores.
 START_TIMEOUT = 150
 SCRIPT_TIMEOUT = 420
@@ -131,34 +128,13 @@ time.sleep(SCRIPT_TIMEOUT)
 
 
 def start_script(source: str, work: Path) -> subprocess.Popen:
-    """Start a driver script with this interpreter and its own work directory: stdout piped, stderr (Spark's
-    chatter) to ``driver.err`` there."""
-    env = dict(os.environ, COURSE_WORK_DIR=str(work), PYTHONPATH=str(REPO))
-    script = work / "driver.py"
-    work.mkdir(parents=True, exist_ok=True)
-    constants = f"START_TIMEOUT = {START_TIMEOUT}\nSCRIPT_TIMEOUT = {SCRIPT_TIMEOUT}\n"
-    script.write_text(constants + source)
-    with open(work / "driver.err", "w") as err:
-        return subprocess.Popen(
-            [sys.executable, str(script)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True
-        )
-
-
-def driver_errors(work: Path) -> str:
-    """The end of a driver script's stderr, for failure messages."""
-    return (work / "driver.err").read_text()[-3000:]
+    """Start a driver script with the cluster tests' time limits defined in it."""
+    return start_driver(source, work, START_TIMEOUT=START_TIMEOUT, SCRIPT_TIMEOUT=SCRIPT_TIMEOUT)
 
 
 def run_script(source: str, work: Path) -> tuple[dict, str]:
     """Run a driver script to its end; return its report and its output."""
-    process = start_script(source, work)
-    try:
-        stdout, _ = process.communicate(timeout=SCRIPT_TIMEOUT)
-    finally:
-        process.kill()
-    lines = [line for line in stdout.splitlines() if line.startswith("REPORT ")]
-    assert lines, f"the driver script printed no report (exit {process.returncode}):\n{stdout}\n{driver_errors(work)}"
-    return json.loads(lines[-1][len("REPORT "):]), stdout
+    return run_driver(source, work, SCRIPT_TIMEOUT, START_TIMEOUT=START_TIMEOUT, SCRIPT_TIMEOUT=SCRIPT_TIMEOUT)
 
 
 @pytest.fixture(scope="module")

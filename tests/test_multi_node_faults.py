@@ -13,19 +13,12 @@ A small image folder keeps the data preparation short; whether the model learns 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import psutil
 import pytest
 
 from tests.image_folders import make_image_folder
-from tests.processes import SPARK_MARKERS, TORCHRUN_MARKERS, processes_of
+from tests.processes import SPARK_MARKERS, TORCHRUN_MARKERS, processes_of, run_driver
 
-REPO = Path(__file__).resolve().parent.parent
 SCRIPT_TIMEOUT = 480
 FAIL_LIMIT_S = 120  # from the kill to DistributorError in the driver
 
@@ -103,19 +96,7 @@ def fault_run(tmp_path_factory) -> dict:
     """Run the driver script to its end; its report, plus what was left running afterwards."""
     work = tmp_path_factory.mktemp("faults-work")
     data = make_image_folder(tmp_path_factory.mktemp("faults-data"), {"dark": 60, "light": 60}, size=(16, 16))
-    script = work / "driver.py"
-    script.write_text(f"DATA_DIR = {str(data)!r}\nSCRIPT_TIMEOUT = {SCRIPT_TIMEOUT}\n" + SCRIPT)
-    env = dict(os.environ, COURSE_WORK_DIR=str(work), PYTHONPATH=str(REPO))
-    with open(work / "driver.err", "w") as err:
-        process = subprocess.Popen([sys.executable, str(script)], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                   stderr=err, text=True)
-    try:
-        stdout, _ = process.communicate(timeout=SCRIPT_TIMEOUT)
-    finally:
-        process.kill()
-    lines = [line for line in stdout.splitlines() if line.startswith("REPORT ")]
-    assert lines, f"no report (exit {process.returncode}):\n{stdout[-2000:]}\n{(work / 'driver.err').read_text()[-4000:]}"
-    report = json.loads(lines[-1][len("REPORT "):])
+    report, _ = run_driver(SCRIPT, work, SCRIPT_TIMEOUT, DATA_DIR=str(data), SCRIPT_TIMEOUT=SCRIPT_TIMEOUT)
     assert "ended_early" not in report, report["ended_early"]
     report["left_running"] = our_processes(str(work))
     return report
