@@ -202,3 +202,69 @@ def test_stub_detection():
     assert not any(is_stub(thing) for thing in (real, prints, 3, print, int))
     with pytest.raises(NotAttempted, match="stub"):
         require_implemented(real, stub)
+
+
+def _helper_total(values):
+    return sum(values)
+
+
+class _HelperModule:
+    def loader(self):
+        return "helper's loader"
+
+
+def test_own_work_catches_a_call_by_any_name_and_restores_the_helper():
+    alias = _helper_total
+    with pytest.raises(checks.Delegated, match="_helper_total"):
+        with checks.own_work(_helper_total):
+            alias([1, 2])
+    assert _helper_total([1, 2]) == 3
+
+
+def test_own_work_catches_an_inherited_method_even_when_the_answer_swallows_the_error():
+    class Lazy(_HelperModule):
+        def loader(self):
+            try:
+                return super().loader()
+            except Exception:
+                return "own"
+
+    with pytest.raises(checks.Delegated, match="_HelperModule.loader"):
+        with checks.own_work(_HelperModule):
+            Lazy().loader()
+
+
+def test_own_work_lets_own_code_and_its_errors_through():
+    class Own(_HelperModule):
+        def loader(self):
+            return "own"
+
+    with checks.own_work(_HelperModule, _helper_total):
+        assert Own().loader() == "own"
+    with pytest.raises(ZeroDivisionError):
+        with checks.own_work(_helper_total):
+            1 / 0
+
+
+def test_a_delegated_answer_fails_its_check_with_a_hint():
+
+    @register("98.3")
+    def total(answer) -> str:
+        with checks.own_work(_helper_total):
+            assert answer([4, 5]) == 9
+        return "ok"
+
+    assert checks._run("98.3", lambda v: _helper_total(v))[0] == FAILED
+    assert "write it yourself" in checks._run("98.3", lambda v: _helper_total(v))[1]
+    assert checks._run("98.3", lambda v: v[0] + v[1])[0] == PASSED
+
+
+@pytest.mark.parametrize("value", [3, 3.0, __import__("numpy").int64(3), __import__("numpy").float32(3.0)])
+def test_whole_number_accepts_any_integral_type(value):
+    assert checks.whole_number(value, "f") == 3
+
+
+@pytest.mark.parametrize("value", [True, 2.5, "3", None])
+def test_whole_number_rejects_the_rest(value):
+    with pytest.raises(CheckFailed, match="whole number"):
+        checks.whole_number(value, "f")

@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import dis
 import importlib
-from collections.abc import Callable, Mapping
+import math
+import numbers
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 __all__ = [
@@ -31,13 +34,17 @@ __all__ = [
     "NOT_ATTEMPTED",
     "PASSED",
     "CheckFailed",
+    "Delegated",
     "NotAttempted",
     "check",
+    "close",
     "format_line",
     "is_stub",
+    "own_work",
     "register",
     "require",
     "require_implemented",
+    "whole_number",
 ]
 
 MIMETYPE = "application/vnd.course-check+json"
@@ -114,6 +121,86 @@ def require(namespace: Mapping[str, Any] | object, *names: str) -> Any:
             raise NotAttempted(f"`{name}` is not written yet")
         values.append(value)
     return values[0] if len(values) == 1 else tuple(values)
+
+
+def whole_number(value: Any, what: str) -> int:
+    """``value`` as an ``int`` if it is a whole number of any type (``int``, numpy integer, integral float).
+
+    Raises :class:`CheckFailed` naming ``what`` for anything else, ``True``/``False`` included.
+    """
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
+        return int(value)
+    raise CheckFailed(f"{what} returned {value!r}: return a whole number")
+
+
+def close(got: Any, expected: float, rel: float = 1e-9) -> bool:
+    """True if ``got`` is a real number (numpy scalars and 0-d tensors included) within ``rel`` of ``expected``."""
+    try:
+        value = float(got)
+    except (TypeError, ValueError):
+        return False
+    return not isinstance(got, bool) and math.isclose(value, expected, rel_tol=rel, abs_tol=1e-12)
+
+
+# A tripwire replaces a helper's code while a check runs: calling the helper by any name (an alias, an inherited
+# method, super()) records the call and raises, so an answer that delegates to it cannot pass.
+_TRIPPED: list[str] = []
+_TRIPWIRE_SOURCE = "def tripwire(*args, **kwargs):\n    __import__('helpers.checks').checks._trip({name!r})\n"
+
+
+class Delegated(CheckFailed):
+    """Raised when an answer calls the helper that implements the exercise."""
+
+
+def _trip(name: str) -> None:
+    _TRIPPED.append(name)
+    raise Delegated(f"your answer calls {name}, which does this exercise for you: write it yourself")
+
+
+def _functions(targets: tuple[Any, ...]) -> Iterator[tuple[Any, str]]:
+    """The plain functions behind ``targets`` (functions, methods, properties, or classes: all they define)."""
+    for target in targets:
+        if isinstance(target, type):
+            inner = tuple(v for k, v in vars(target).items() if not (k.startswith("__") and k != "__init__"))
+            yield from _functions(tuple(v for v in inner if callable(v) or isinstance(v, property)))
+            continue
+        fn = target.fget if isinstance(target, property) else getattr(target, "__func__", target)
+        fn = getattr(fn, "__func__", fn)
+        if getattr(fn, "__code__", None) is None or fn.__closure__:
+            continue
+        yield fn, f"{fn.__module__}.{fn.__qualname__}"
+
+
+@contextmanager
+def own_work(*helpers: Any) -> Iterator[None]:
+    """Fail with :class:`Delegated` if the code run inside the block calls any of ``helpers``.
+
+    ``helpers`` are the course's functions, methods, properties or classes (all their methods but dunders other
+    than ``__init__``) that implement the exercise being checked. Works however the answer reaches them: by
+    import, alias, inheritance or ``super()``, even if it catches the exception. Only in this process: a check
+    that runs the answer in worker processes enters the block there.
+    """
+    swapped = []
+    for fn, name in _functions(helpers):
+        namespace: dict[str, Any] = {}
+        exec(_TRIPWIRE_SOURCE.format(name=name), namespace)  # noqa: S102 - a fixed two-line function
+        swapped.append((fn, fn.__code__))
+        fn.__code__ = namespace["tripwire"].__code__
+    _TRIPPED.clear()
+    try:
+        yield
+    except Delegated:
+        raise
+    except Exception:
+        if not _TRIPPED:
+            raise
+    finally:
+        for fn, code in swapped:
+            fn.__code__ = code
+    if _TRIPPED:
+        raise Delegated(f"your answer calls {_TRIPPED[0]}, which does this exercise for you: write it yourself")
 
 
 def _is_unanswered(answer: Any) -> bool:
