@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -12,6 +13,11 @@ import pytest
 # so the test suite never writes into the repository's work/.
 _SESSION_WORK = Path(tempfile.mkdtemp(prefix="course-tests-"))
 os.environ["COURSE_WORK_DIR"] = str(_SESSION_WORK)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """Nothing is left in /tmp: the session's tables, checkpoints and MLflow stores go with it."""
+    shutil.rmtree(_SESSION_WORK, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

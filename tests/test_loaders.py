@@ -112,3 +112,18 @@ def test_full_pass_validation_reads_each_row_once_per_epoch(digits_data):
     for _ in range(2):
         ids = torch.cat([b["row_id"] for b in batches]).tolist()
         assert sorted(ids) == sorted(set(ids)) and len(ids) == len(digits_data.val_converter)
+
+
+def test_another_image_folder_goes_all_the_way_to_a_batch(spark, tmp_path: Path):
+    """What lesson 1 does on an instructor's own folder (other classes and sizes, JPEG and grayscale PNG), from the
+    files to a normalised batch (this ran lesson 1's whole notebook a second time before)."""
+    folder = make_image_folder(tmp_path / "flowers", {"tulips": 45, "daisy": 40}, size=(64, 48), fmt="JPEG")
+    make_image_folder(folder, {"roses": 50}, size=(20, 30), fmt="PNG", mode="L", seed=1)
+    data = prepare_data(folder, num_devices=2, spark=spark, table_path=tmp_path / "table")
+    assert data.class_names == ["daisy", "roses", "tulips"]
+    assert data.df.count() == 135
+    assert len(data.train_converter) + len(data.val_converter) == 135
+    with make_loader(data.train_converter, batch_size=16, image_size=24) as loader:
+        batch = next(iter(loader))
+    assert tuple(batch["features"].shape) == (16, 3, 24, 24) and batch["features"].dtype == torch.float32
+    assert set(batch["label_index"].tolist()) <= {0, 1, 2}

@@ -1,12 +1,16 @@
-"""Notebook CI: every solution runs with papermill and passes its checks, nbval re-checks the outputs marked
-``# NBVAL_CHECK_OUTPUT``, every generated lesson reports every exercise "not attempted", and lessons/ is current.
+"""Notebook CI: each solution notebook executes once, and that run is the test.
 
-The course's fixture notebook goes through the same tests, so the suite proves the machinery even before
-``solutions/`` holds a notebook.
+papermill ``--prepare-only`` injects the CI parameters; nbval executes the prepared notebook once and, in the same
+run, compares the outputs marked ``# NBVAL_CHECK_OUTPUT``; every check cell logs its record (``$COURSE_CHECK_LOG``),
+and every exercise must have passed. The generated lesson runs only what its checks need (its imports, the
+exercise stubs and the check cells) and every exercise must report "not attempted". The course's fixture notebook
+goes through the same tests, so the machinery is proven even before ``solutions/`` holds a notebook.
 """
 
 from __future__ import annotations
 
+import ast
+import json
 import os
 import subprocess
 import sys
@@ -15,15 +19,24 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers.checks import NOT_ATTEMPTED, PASSED
-from helpers.course import SOLUTIONS_DIR, build_lesson, problems, read_notebook, structure
+from helpers.checks import LOG_ENV, NOT_ATTEMPTED, PASSED
+from helpers.course import (
+    PARAMETERS_TAG,
+    SOLUTIONS_DIR,
+    build_lesson,
+    problems,
+    read_notebook,
+    solution_notebooks,
+    structure,
+)
 from helpers.grade import allow_errors, check_records, execute
 from helpers.workdir import REPO_ROOT
 
 FIXTURE = REPO_ROOT / "tests" / "fixtures" / "solutions" / "99_course_fixture.ipynb"
 SANITIZER = REPO_ROOT / "tests" / "nbval_sanitize.cfg"
-SOLUTIONS = sorted(SOLUTIONS_DIR.glob("*.ipynb"))
-SOLUTION_TIMEOUT_S = 1800  # a real lesson prepares data with Spark and trains small models on the CPU
+SOLUTIONS = solution_notebooks(SOLUTIONS_DIR)
+SLACK = 4  # a notebook may take this many times its measured `ci_seconds` on a loaded CI machine before it fails
+DEFAULT_CI_SECONDS = 60
 
 NOTEBOOKS = [pytest.param(FIXTURE, id="fixture")] + (
     [pytest.param(path, id=path.stem) for path in SOLUTIONS]
@@ -32,13 +45,25 @@ NOTEBOOKS = [pytest.param(FIXTURE, id="fixture")] + (
 
 
 @pytest.fixture(scope="session")
-def course_work_dir(tmp_path_factory) -> Path:
+def course_work_dir(session_work_dir) -> Path:
     """One work directory for the session: lessons may reuse the data an earlier lesson prepared."""
-    return tmp_path_factory.mktemp("course-work")
+    path = session_work_dir / "course"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 def exercise_ids(notebook: Path) -> list[str]:
     return structure(read_notebook(notebook)).exercise_ids
+
+
+def timeout_for(notebook: Path) -> int:
+    """The notebook's time budget: ``SLACK`` times the ``ci_seconds`` its metadata promises."""
+    course = read_notebook(notebook).metadata.get("course", {})
+    return SLACK * int(course.get("ci_seconds", DEFAULT_CI_SECONDS))
+
+
+def logged_records(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS)
@@ -47,37 +72,98 @@ def test_solution_follows_the_conventions(notebook):
     assert problems(read_notebook(notebook), notebook.stem) == []
 
 
+def run_once(notebook: Path, work: Path, scratch: Path) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """Prepare ``notebook`` with the CI parameters, execute and compare it with nbval; return the run and the
+    check records it logged."""
+    prepared, log = scratch / notebook.name, scratch / "checks.jsonl"
+    subprocess.run(
+        [sys.executable, "-m", "papermill", str(notebook), str(prepared), "--prepare-only",
+         "-p", "WORK_DIR", str(work), "--log-level", "WARNING"],
+        check=True, capture_output=True, cwd=notebook.parent,
+    )  # fmt: skip
+    env = {**os.environ, "COURSE_WORK_DIR": str(work), LOG_ENV: str(log)}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-sanitize-with", str(SANITIZER),
+         "--nbval-kernel-name", "python3", "--nbval-cell-timeout", str(timeout_for(notebook)),
+         "-p", "no:cacheprovider", "-q", "--rootdir", str(scratch), str(prepared)],
+        capture_output=True, text=True, cwd=scratch, timeout=timeout_for(notebook), env=env,
+    )  # fmt: skip
+    return result, logged_records(log)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("notebook", NOTEBOOKS)
-def test_solution_passes_every_check(notebook, course_work_dir, tmp_path):
-    output = tmp_path / notebook.name
-    run = execute(notebook, output, cwd=notebook.parent, work_dir=course_work_dir, timeout=SOLUTION_TIMEOUT_S)
-    assert not run.timed_out and run.returncode == 0, run.log_tail
-    records = check_records(read_notebook(output))
-    failing = [record for record in records if record["status"] != PASSED]
-    assert not failing, failing
+def test_solution_runs_once_passes_every_check_and_matches_its_outputs(notebook, course_work_dir, tmp_path):
+    result, records = run_once(notebook, course_work_dir, tmp_path)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert [record for record in records if record["status"] != PASSED] == []
     assert sorted({record["exercise"] for record in records}) == sorted(exercise_ids(notebook))
 
 
+def changed_fixture(folder: Path, old: str, new: str) -> Path:
+    """A copy of the fixture solution with one piece of text replaced."""
+    text = FIXTURE.read_text()
+    assert old in text
+    copy = folder / "solutions" / FIXTURE.name
+    copy.parent.mkdir()
+    copy.write_text(text.replace(old, new))
+    return copy
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("notebook", NOTEBOOKS)
-def test_solution_outputs_match_with_nbval(notebook, course_work_dir):
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-sanitize-with", str(SANITIZER),
-         "--nbval-kernel-name", "python3", "-p", "no:cacheprovider", "-q", str(notebook)],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=SOLUTION_TIMEOUT_S,
-        env={**os.environ, "COURSE_WORK_DIR": str(course_work_dir)},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-4000:]
+def test_a_changed_output_fails_nbval_in_the_same_run(tmp_path):
+    notebook = changed_fixture(tmp_path, '"sum of 1..10: 55\\n"', '"sum of 1..10: 56\\n"')
+    result, records = run_once(notebook, tmp_path, tmp_path)
+    assert result.returncode != 0 and "55" in result.stdout
+    assert records and {record["status"] for record in records} == {PASSED}
+
+
+@pytest.mark.slow
+def test_a_failing_check_is_logged_from_that_run(tmp_path):
+    notebook = changed_fixture(tmp_path, "return x * x", "return 2 * x")
+    _, records = run_once(notebook, tmp_path, tmp_path)
+    assert {record["exercise"]: record["status"] for record in records}["99.2"] == "failed"
+
+
+DEFINITIONS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)
+
+
+def definitions(source: str) -> list[str]:
+    """A cell's top-level imports, functions and classes (defining them runs nothing); none if it is not Python."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    return [ast.unparse(node) for node in tree.body if isinstance(node, DEFINITIONS)]
+
+
+def checks_only(lesson: nbformat.NotebookNode, solution: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The lesson cut to what its checks need: the parameters, the definitions of the other cells (their imports,
+    functions and classes, in order), the exercise stubs and the check cells."""
+    layout = structure(solution)
+    needed = {exercise.cell_id for exercise in layout.exercises} | set(layout.check_cells)
+    defined: list[str] = []
+    kept = []
+    for cell in lesson.cells:
+        if cell.cell_type != "code":
+            continue
+        if cell.get("id") in needed or PARAMETERS_TAG in cell.metadata.get("tags", []):
+            kept.append(cell)
+        else:
+            defined += definitions(cell.source)
+    cut = nbformat.v4.new_notebook(metadata=lesson.metadata)
+    cut.cells = [nbformat.v4.new_code_cell(code) for code in dict.fromkeys(defined)] + kept
+    return allow_errors(cut)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("notebook", NOTEBOOKS)
 def test_lesson_reports_every_exercise_not_attempted(notebook, course_work_dir, tmp_path):
-    lesson = allow_errors(build_lesson(read_notebook(notebook), notebook.stem))
+    solution = read_notebook(notebook)
+    lesson = checks_only(build_lesson(solution, notebook.stem), solution)
     source, output = tmp_path / "lesson.ipynb", tmp_path / "executed.ipynb"
     nbformat.write(lesson, source)
-    run = execute(source, output, cwd=notebook.parent, work_dir=course_work_dir, timeout=SOLUTION_TIMEOUT_S)
+    run = execute(source, output, cwd=notebook.parent, work_dir=course_work_dir, timeout=timeout_for(notebook))
     assert not run.timed_out, run.log_tail
     statuses = {record["exercise"]: record["status"] for record in check_records(read_notebook(output))}
     assert statuses == dict.fromkeys(exercise_ids(notebook), NOT_ATTEMPTED)

@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import dis
 import importlib
+import json
 import math
 import numbers
+import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 __all__ = [
     "ERROR",
+    "LOG_ENV",
     "FAILED",
     "MIMETYPE",
     "NOT_ATTEMPTED",
@@ -48,6 +51,7 @@ __all__ = [
 ]
 
 MIMETYPE = "application/vnd.course-check+json"
+LOG_ENV = "COURSE_CHECK_LOG"
 PASSED = "passed"
 FAILED = "failed"
 NOT_ATTEMPTED = "not attempted"
@@ -274,14 +278,23 @@ def _emit(record: dict[str, str], line: str) -> None:
         print(line)
 
 
+def _log(record: dict[str, str]) -> None:
+    """Append ``record`` as a JSON line to the file named by :data:`LOG_ENV`, if set (the test suite reads it)."""
+    path = os.environ.get(LOG_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(json.dumps(record) + "\n")
+
+
 def check(exercise_id: str, answer: Any) -> bool:
     """Check ``answer`` (a value, or a namespace such as ``globals()``) for exercise ``exercise_id``.
 
-    Shows one line (correct, a hint, or not attempted), emits the grader's record, never raises, and returns
-    True only when the answer passed.
+    Shows one line (correct, a hint, or not attempted), emits the grader's record (and logs it to the file
+    named by ``$COURSE_CHECK_LOG``, if set), never raises, and returns True only when the answer passed.
     """
     exercise_id = str(exercise_id)
     status, message = _run(exercise_id, answer)
     record = {"exercise": exercise_id, "status": status, "message": message}
     _emit(record, format_line(exercise_id, status, message))
+    _log(record)
     return status == PASSED
