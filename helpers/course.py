@@ -13,6 +13,8 @@ the build keeps and the grader matches on):
   ``WORK_DIR`` and ``SEED``, plus the lesson's own; the defaults are the small CI settings. Keep ``=`` out of its
   comments (papermill parses them).
 - **Instructor-only cells** are tagged ``solution-only`` and left out of the lesson.
+- **A stretch exercise** (optional, one per lesson) has its exercise cell tagged ``stretch``; it is checked like
+  the others and graded as optional.
 - **Outputs that nbval compares** are in cells whose first line is ``# NBVAL_CHECK_OUTPUT``, saved with the
   solution. Not on check cells: nbval ignores the ``;``, and the notebook tests already require every check to pass.
 
@@ -43,6 +45,7 @@ BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 YOUR_CODE = "# YOUR CODE HERE"
 SOLUTION_ONLY_TAG = "solution-only"
+STRETCH_TAG = "stretch"
 PARAMETERS_TAG = "parameters"
 REQUIRED_PARAMETERS = ("DATA_DIR", "WORK_DIR", "SEED")
 CELL_METADATA_DROPPED = ("papermill", "execution", "ExecuteTime", "scrolled", "collapsed")
@@ -246,10 +249,12 @@ def _tags(cell: NotebookNode) -> list[str]:
 
 @dataclass(frozen=True)
 class Exercise:
-    """One exercise cell of a solution and the exercise ids its following check cell(s) check."""
+    """One exercise cell of a solution, the exercise ids its following check cell(s) check, and whether it is an
+    optional stretch exercise."""
 
     cell_id: str
     check_ids: tuple[str, ...]
+    stretch: bool = False
 
 
 @dataclass(frozen=True)
@@ -267,20 +272,20 @@ class Structure:
 
 def structure(solution: NotebookNode) -> Structure:
     """Find the exercise cells (with solution regions) and check cells (calling ``check(``) of a solution."""
-    exercises: list[tuple[str, list[str]]] = []
+    exercises: list[tuple[str, list[str], bool]] = []
     check_cells: dict[str, tuple[str, ...]] = {}
     for cell in solution.cells:
         if cell.cell_type != "code" or SOLUTION_ONLY_TAG in _tags(cell):
             continue
         if has_solution(cell.source):
-            exercises.append((cell.get("id", ""), []))
+            exercises.append((cell.get("id", ""), [], STRETCH_TAG in _tags(cell)))
             continue
         ids = check_ids(cell.source)
         if ids:
             check_cells[cell.get("id", "")] = tuple(ids)
             if exercises:
                 exercises[-1][1].extend(i for i in ids if i not in exercises[-1][1])
-    return Structure(tuple(Exercise(cell_id, tuple(ids)) for cell_id, ids in exercises), check_cells)
+    return Structure(tuple(Exercise(cell_id, tuple(ids), stretch) for cell_id, ids, stretch in exercises), check_cells)
 
 
 def _marker_problems(cells: list[NotebookNode]) -> list[str]:

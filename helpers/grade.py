@@ -14,8 +14,8 @@ kernel, so this stops accidents and casual cheats, not a determined attacker.) T
 its own process, under a per-notebook timeout, with the CI parameters and errors allowed. Each exercise's status
 comes from the record its check cell printed: passed, failed, not attempted, or error (no record: a timeout, a dead
 kernel, a check cell that raised; or a duplicated exercise cell, or a file that is not a notebook).
-``grades.csv`` gets one row per exercise (submission, lesson, exercise, status, detail) and the executed
-notebooks, with a summary on top, go to ``grades_feedback/`` next to it. One bad submission never stops the run.
+``grades.csv`` gets one row per exercise (submission, lesson, exercise, status, detail, optional: "yes" for a
+stretch exercise) and the executed notebooks, with a summary on top, go to ``grades_feedback/`` next to it. One bad submission never stops the run.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ DEFAULT_TIMEOUT_S = 600
 KERNEL_NAME = "python3"
 RAISES_TAG = "raises-exception"
 STATUSES = (PASSED, "failed", NOT_ATTEMPTED, ERROR)
-CSV_FIELDS = ("submission", "lesson", "exercise", "status", "detail")
+CSV_FIELDS = ("submission", "lesson", "exercise", "status", "detail", "optional")
 CHECK_IMPORT = "from helpers.checks import check  # the grader's: a `check` defined by the student is not used"
 
 
@@ -76,6 +76,7 @@ class Grade:
     exercise: str
     status: str
     detail: str = ""
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -289,7 +290,8 @@ def _statuses(lesson: Lesson, executed: NotebookNode | None) -> dict[str, tuple[
 
 def _add_summary(path: Path, executed: NotebookNode, grades: list[Grade]) -> None:
     """Put a markdown cell with the grades at the top of the feedback notebook."""
-    lines = [f"- {format_line(g.exercise, g.status, g.detail)}" for g in grades]
+    lines = [f"- {format_line(g.exercise, g.status, g.detail)}{' (stretch, optional)' if g.optional else ''}"
+             for g in grades]
     summary = nbformat.v4.new_markdown_cell("## Grading summary\n\n" + "\n".join(lines))
     summary.id = "grading-summary"
     executed.cells.insert(0, summary)
@@ -332,11 +334,10 @@ def grade_submission(
     for exercise in lesson.layout.exercises:
         for exercise_id in exercise.check_ids:
             if exercise.cell_id in duplicated:
-                grades.append(Grade(name, lesson.name, exercise_id, ERROR, "the exercise cell appears more than once"))
-            elif exercise_id in found:
-                grades.append(Grade(name, lesson.name, exercise_id, *found[exercise_id]))
+                status, detail = ERROR, "the exercise cell appears more than once"
             else:
-                grades.append(Grade(name, lesson.name, exercise_id, ERROR, missing))
+                status, detail = found.get(exercise_id, (ERROR, missing))
+            grades.append(Grade(name, lesson.name, exercise_id, status, detail, exercise.stretch))
     if executed is not None:
         _add_summary(feedback, executed, grades)
     return grades
@@ -378,7 +379,8 @@ def grade(
     with out.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(CSV_FIELDS)
-        writer.writerows((g.submission, g.lesson, g.exercise, g.status, g.detail) for g in grades)
+        writer.writerows((g.submission, g.lesson, g.exercise, g.status, g.detail, "yes" if g.optional else "")
+                         for g in grades)
     return grades
 
 
