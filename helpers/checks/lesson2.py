@@ -1,129 +1,346 @@
-"""Checks for lesson 2: refactoring PyTorch into Lightning, with MLflow tracking and checkpoint resume."""
+"""Checks for lesson 2: refactoring PyTorch into Lightning, with MLflow tracking and checkpoint resume.
+
+Every check calls the answer on inputs it generates from a fixed seed (other sizes, class counts, learning
+rates, epochs), so a hard-coded answer fails and the verdict is the same on every run. Trainings run on tiny
+models and data made here; MLflow checks use a throw-away store of their own and leave the notebook's MLflow
+settings as they were.
+"""
 
 from __future__ import annotations
 
 import logging
-import math
+import os
+import random
+import tempfile
+import uuid
 import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 
+import pytorch_lightning as pl
 import torch
 from torch.nn import functional as F
+from torch.utils.data import DataLoader
 
-from helpers.checks import CheckFailed, NotAttempted, register, require, require_implemented
+from helpers.checks import CheckFailed, NotAttempted, close, own_work, register, require, require_implemented, \
+    whole_number
+
+# ---------------------------------------------------------------------------------------------------------------
+# Small pieces the checks share: quiet Lightning, tiny models and data, a private MLflow store, a faked rank.
 
 
-def _batch(rows: int = 6, classes: int = 3, size: int = 8, seed: int = 0) -> dict[str, torch.Tensor]:
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence Lightning's info lines and warnings while a check trains."""
+    loggers = [logging.getLogger(name) for name in ("pytorch_lightning", "lightning_fabric", "lightning")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def _batch(rows: int, classes: int, size: int, seed: int) -> dict[str, torch.Tensor]:
+    """An image batch as the course's loaders yield it, with at least one row of every class."""
     generator = torch.Generator().manual_seed(seed)
-    return {
-        "features": torch.randn(rows, 3, size, size, generator=generator),
-        "label_index": torch.randint(0, classes, (rows,), generator=generator),
-    }
+    labels = torch.cat([torch.arange(classes), torch.randint(0, classes, (rows - classes,), generator=generator)])
+    return {"features": torch.randn(rows, 3, size, size, generator=generator), "label_index": labels}
 
 
-def _fit_one_epoch(model, train_loader, val_loader):
-    """Fit ``model`` for one epoch on CPU, without loggers, checkpoints or progress output; return the Trainer."""
-    import pytorch_lightning as pl
+def _trainer(**kwargs) -> pl.Trainer:
+    """A CPU Trainer without logger, progress bar or summary (``kwargs`` override or add settings)."""
+    settings = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                    enable_model_summary=False, accelerator="cpu", devices=1)
+    return pl.Trainer(**{**settings, **kwargs})
 
-    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, accelerator="cpu", devices=1)
-    trainer.fit(model, train_dataloaders=train_loader, val_dataloaders=val_loader)
-    return trainer
+
+class _TinyClassifier(pl.LightningModule):
+    """A linear classifier on 4 features that records where each fit starts and which epochs it trains."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.net = torch.nn.Linear(4, 3)
+        self.starts: list[dict] = []
+        self.epochs: list[int] = []
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.net(features)
+
+    def training_step(self, batch, batch_idx):
+        loss = F.cross_entropy(self(batch["features"]), batch["label_index"])
+        self.log("train_loss", loss, on_step=False, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", F.cross_entropy(self(batch["features"]), batch["label_index"]))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+    def on_train_start(self) -> None:
+        state = self.trainer.optimizers[0].state_dict()["state"]
+        self.starts.append({
+            "epoch": self.current_epoch,
+            "step": self.trainer.global_step,
+            "weights": {k: v.detach().clone() for k, v in self.state_dict().items()},
+            "momentum": {k: v["momentum_buffer"].clone() for k, v in state.items() if "momentum_buffer" in v},
+        })
+
+    def on_train_epoch_start(self) -> None:
+        self.epochs.append(self.current_epoch)
+
+
+class _TinyData(pl.LightningDataModule):
+    """``steps`` training batches of 8 rows and 2 validation batches, generated from ``seed``."""
+
+    def __init__(self, steps: int, seed: int) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(seed)
+        self.batches = [{"features": torch.randn(8, 4, generator=generator),
+                         "label_index": torch.randint(0, 3, (8,), generator=generator)} for _ in range(steps + 2)]
+        self.steps = steps
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.batches[:self.steps], batch_size=None)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.batches[self.steps:], batch_size=None)
+
+
+_STORE: dict[str, str] = {}
+
+
+def _tracking_store() -> str:
+    """The URI of this process's private MLflow store (SQLite in a temporary folder, created once)."""
+    if "uri" not in _STORE:
+        folder = Path(tempfile.mkdtemp(prefix="course-check-l2-"))
+        _STORE.update(uri=f"sqlite:///{folder / 'mlflow.db'}", artifacts=(folder / "artifacts").as_uri())
+    return _STORE["uri"]
+
+
+def _new_experiment(client, prefix: str) -> tuple[str, str]:
+    """Create an experiment with a fresh name in the private store; return ``(name, id)``."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    return name, client.create_experiment(name, artifact_location=f"{_STORE['artifacts']}/{name}")
+
+
+@contextmanager
+def _isolated_mlflow(uri: str) -> Iterator[None]:
+    """Point MLflow at ``uri`` while the answer runs, then restore the tracking URI, the active experiment and
+    autolog as the notebook had them, ending any run the answer left open."""
+    import mlflow
+    from mlflow.tracking import _tracking_service, fluent
+
+    utils = _tracking_service.utils
+    saved_uri, saved_experiment = utils._tracking_uri, fluent._active_experiment_id
+    saved_env = {key: os.environ.get(key) for key in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID")}
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        while mlflow.active_run() is not None:
+            mlflow.end_run()
+        mlflow.pytorch.autolog(disable=True)
+        utils._tracking_uri, fluent._active_experiment_id = saved_uri, saved_experiment
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextmanager
+def _as_rank(rank: int) -> Iterator[None]:
+    """Make this process look like global rank ``rank`` of a multi-process job to the answer: the Trainer's
+    ``global_rank``/``local_rank``/``is_global_zero``, Lightning's ``rank_zero_only`` and ``RANK``."""
+    from lightning_utilities.core.rank_zero import rank_zero_only
+
+    names = ("global_rank", "local_rank", "is_global_zero")
+    saved = {name: pl.Trainer.__dict__[name] for name in names}
+    saved_rank, saved_env = getattr(rank_zero_only, "rank", 0), os.environ.get("RANK")
+    pl.Trainer.global_rank = pl.Trainer.local_rank = property(lambda self: rank)
+    pl.Trainer.is_global_zero = property(lambda self: rank == 0)
+    rank_zero_only.rank, os.environ["RANK"] = rank, str(rank)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(pl.Trainer, name, value)
+        rank_zero_only.rank = saved_rank
+        if saved_env is None:
+            os.environ.pop("RANK", None)
+        else:
+            os.environ["RANK"] = saved_env
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The checks
 
 
 @register("2.1")
 def epoch_steps_rule(epoch_steps) -> str:
     """``epoch_steps(rows, batch_size, world_size)``: steps per epoch for one pass over the data."""
+    from helpers.training import steps_per_epoch
+
     require_implemented(epoch_steps)
-    for rows, batch, world in [(1438, 64, 1), (1438, 64, 2), (3670, 64, 8), (100, 10, 1), (5, 64, 4)]:
-        expected = max(1, math.ceil(rows / (batch * world)))
-        got = epoch_steps(rows, batch, world)
-        if got != expected:
-            raise CheckFailed(f"epoch_steps({rows}, {batch}, {world}) = {got}, expected {expected}: each step "
-                              f"consumes batch_size x world_size rows, and a partial last step still counts")
+    rng = random.Random(21)
+    cases = [(1438, 64, 1), (1438, 64, 2), (3670, 64, 8), (100, 10, 1), (5, 64, 4), (128, 64, 2), (129, 64, 2)]
+    cases += [(rng.randint(1, 5000), rng.randint(1, 128), rng.randint(1, 16)) for _ in range(20)]
+    with own_work(steps_per_epoch):
+        for rows, batch, world in cases:
+            expected = max(1, -(-rows // (batch * world)))
+            got = whole_number(epoch_steps(rows, batch, world), f"epoch_steps({rows}, {batch}, {world})")
+            if got != expected:
+                raise CheckFailed(f"epoch_steps({rows}, {batch}, {world}) = {got}, expected {expected}: each step "
+                                  f"consumes batch_size x world_size rows, and a partial last step still counts")
     return "one epoch is one pass over the data, whatever the device count"
 
 
-@register("2.3")
-def lightning_steps(namespace) -> str:
-    """``MyModel``: ``training_step`` returns the cross-entropy loss; validation logs ``val_loss``/``val_acc``."""
-    from torch.utils.data import DataLoader
+def _optimizer_cases() -> Iterator[tuple[torch.nn.Module, float, float]]:
+    """Networks with different frozen parts, and the learning rate and momentum to ask for."""
+    from helpers.model import LitClassificationModel, make_network
 
-    model_class = require(namespace, "MyModel")
-    require_implemented(model_class.training_step, model_class.validation_step)
-    model = model_class(class_count=3, learning_rate=0.1, image_size=8)
-    batch = _batch()
-    quiet = logging.getLogger("pytorch_lightning")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            loss = model.training_step(batch, 0)
-            with torch.no_grad():
-                expected = F.cross_entropy(model(batch["features"]), batch["label_index"])
-            trainer = _fit_one_epoch(model, DataLoader([batch, batch], batch_size=None),
-                                     DataLoader([batch], batch_size=None))
-    finally:
-        quiet.setLevel(level)
-    if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.requires_grad:
-        raise CheckFailed("training_step must return the loss: a scalar tensor that gradients flow through")
-    if not torch.isclose(loss, expected, atol=1e-5):
-        raise CheckFailed(f"training_step returned {loss.item():.4f}, cross-entropy is {expected.item():.4f}")
-    missing = {"train_loss", "val_loss", "val_acc"} - {k.removesuffix("_epoch") for k in trainer.callback_metrics}
-    if missing:
-        raise CheckFailed(f"not logged: {sorted(missing)}; use self.log(...) in the steps")
-    accuracy = float(trainer.callback_metrics["val_acc"])
-    if not 0.0 <= accuracy <= 1.0:
-        raise CheckFailed(f"val_acc = {accuracy}: log the fraction of correct predictions")
-    return "training_step returns the loss; train_loss, val_loss and val_acc are logged"
+    rng = random.Random(22)
+    frozen_backbone = make_network(rng.randint(3, 9), freeze_backbone=True)
+    all_trainable = make_network(rng.randint(3, 9))
+    frozen_head = make_network(rng.randint(3, 9))
+    frozen_head.classifier.requires_grad_(False)
+    lightning = LitClassificationModel(rng.randint(3, 9), freeze_backbone=True)
+    for network in (frozen_backbone, all_trainable, frozen_head, lightning):
+        yield network, round(rng.uniform(1e-4, 0.5), 5), round(rng.uniform(0.5, 0.99), 3)
 
 
 @register("2.2")
 def optimizer(make_optimizer) -> str:
     """``make_optimizer(model, learning_rate, momentum)``: SGD over the trainable parameters."""
-    from helpers.model import make_network
+    from helpers.model import LitClassificationModel
 
     require_implemented(make_optimizer)
-    network = make_network(3)
-    network.features.requires_grad_(False)
-    result = make_optimizer(network, 0.03, 0.8)
-    if not isinstance(result, torch.optim.SGD):
-        raise CheckFailed(f"got {type(result).__name__}: return torch.optim.SGD(...)")
-    group = result.param_groups[0]
-    if group["lr"] != 0.03 or group["momentum"] != 0.8:
-        raise CheckFailed(f"lr={group['lr']}, momentum={group['momentum']}: pass learning_rate and momentum")
-    optimised = {id(p) for g in result.param_groups for p in g["params"]}
-    trainable = {id(p) for p in network.parameters() if p.requires_grad}
-    if optimised != trainable:
-        raise CheckFailed("optimise exactly the parameters that require gradients (a frozen backbone stays out)")
+    for network, learning_rate, momentum in _optimizer_cases():
+        with own_work(LitClassificationModel.configure_optimizers):
+            result = make_optimizer(network, learning_rate, momentum)
+        if not isinstance(result, torch.optim.SGD):
+            raise CheckFailed(f"got {type(result).__name__}: return torch.optim.SGD(...)")
+        for group in result.param_groups:
+            if not close(group["lr"], learning_rate) or not close(group["momentum"], momentum):
+                raise CheckFailed(f"asked for lr={learning_rate}, momentum={momentum}, got lr={group['lr']}, "
+                                  f"momentum={group['momentum']}: pass learning_rate and momentum through")
+        optimised = {id(p) for g in result.param_groups for p in g["params"]}
+        trainable = {id(p) for p in network.parameters() if p.requires_grad}
+        if optimised != trainable:
+            raise CheckFailed("optimise exactly the parameters that require gradients (frozen ones stay out)")
     return "SGD with momentum over the trainable parameters"
+
+
+def _expected_validation(model, batches: list[dict[str, torch.Tensor]]) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of ``model`` over equal-sized ``batches``, in eval mode."""
+    model.eval()
+    with torch.no_grad():
+        logits = torch.cat([model(b["features"]) for b in batches])
+    labels = torch.cat([b["label_index"] for b in batches])
+    return F.cross_entropy(logits, labels).item(), (logits.argmax(dim=1) == labels).float().mean().item()
+
+
+@register("2.3")
+def lightning_steps(namespace) -> str:
+    """``MyModel``: ``training_step`` returns the cross-entropy loss (or ``{"loss": ...}``); validation logs
+    ``val_loss``/``val_acc``; checked against values computed here on generated batches."""
+    from helpers.model import LitClassificationModel
+
+    model_class = require(namespace, "MyModel")
+    require_implemented(model_class.training_step, model_class.validation_step)
+    rng = random.Random(23)
+    classes, size, rows = rng.randint(3, 7), rng.choice([8, 12]), rng.randint(8, 12)
+    train = [_batch(rows, classes, size, seed) for seed in (1, 2)]
+    val = [_batch(rows, classes, size, seed) for seed in (3, 4)]
+    model = model_class(class_count=classes, learning_rate=0.05, image_size=size)
+    helpers = (LitClassificationModel.training_step, LitClassificationModel.validation_step,
+               LitClassificationModel._loss_and_accuracy)
+    with _quiet(), own_work(*helpers):
+        output = model.training_step(train[0], 0)
+        with torch.no_grad():
+            expected = F.cross_entropy(model(train[0]["features"]), train[0]["label_index"])
+        trainer = _trainer(max_epochs=1)
+        trainer.fit(model, train_dataloaders=DataLoader(train, batch_size=None),
+                    val_dataloaders=DataLoader(val, batch_size=None))
+    loss = output.get("loss") if isinstance(output, Mapping) else output
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.requires_grad:
+        raise CheckFailed("training_step must return the loss (or {'loss': loss}): a scalar tensor that "
+                          "gradients flow through")
+    if not torch.isclose(loss.detach(), expected, atol=1e-5):
+        raise CheckFailed(f"training_step returned {loss.item():.4f}, cross-entropy is {expected.item():.4f}")
+    metrics = {key.removesuffix("_epoch"): value for key, value in trainer.callback_metrics.items()}
+    missing = {"train_loss", "val_loss", "val_acc"} - set(metrics)
+    if missing:
+        raise CheckFailed(f"not logged: {sorted(missing)}; use self.log(...) in the steps")
+    val_loss, val_acc = _expected_validation(model, val)
+    if not close(metrics["val_loss"], val_loss, rel=1e-4):
+        raise CheckFailed(f"val_loss = {float(metrics['val_loss']):.4f}, expected {val_loss:.4f}: log the "
+                          "cross-entropy of the validation batch")
+    if not close(metrics["val_acc"], val_acc, rel=1e-4):
+        raise CheckFailed(f"val_acc = {float(metrics['val_acc']):.4f}, expected {val_acc:.4f}: log the fraction "
+                          "of predictions (argmax of the logits) equal to the label")
+    return "training_step returns the loss; train_loss, val_loss and val_acc are logged"
+
+
+def _read(loader, what: str) -> list[tuple[list[int], tuple[int, ...]]]:
+    """``(row ids, image shape)`` of every batch ``loader`` yields in one pass (NotAttempted if it is None)."""
+    if loader is None:
+        raise NotAttempted(f"{what} returns nothing yet")
+    try:
+        return [(batch["row_id"].tolist(), tuple(batch["features"].shape[1:])) for batch in loader]
+    finally:
+        getattr(loader, "close", lambda: None)()
 
 
 @register("2.4")
 def datamodule_loaders(namespace) -> str:
-    """``MyDataModule``: device ``device_id`` reads its own shard; training yields ``steps_per_epoch`` batches."""
+    """``MyDataModule``: device ``device_id`` reads its own shard; training yields ``steps_per_epoch`` full
+    batches of the requested size; validation is one full pass."""
+    from helpers.datamodule import PetastormDataModule
+
     module_class, train_converter, val_converter = require(namespace, "MyDataModule", "train_converter",
                                                             "val_converter")
     require_implemented(module_class.train_dataloader, module_class.val_dataloader)
-    ids = []
+    rng = random.Random(24)
+    batch_size, image_size = rng.choice([24, 40, 48]), rng.choice([8, 12])
+    train_rows, val_rows = [], []
+    helpers = (PetastormDataModule.train_dataloader, PetastormDataModule.val_dataloader, PetastormDataModule._batches)
     for device in range(2):
-        dm = module_class(train_converter, val_converter, batch_size=32, image_size=8, device_id=device,
-                          device_count=2)
-        train = dm.train_dataloader()
-        if train is None:
-            raise NotAttempted("train_dataloader returns nothing yet")
-        batches = sum(1 for _ in train)
-        if batches != dm.steps_per_epoch:
-            raise CheckFailed(f"device {device}: {batches} training batches per epoch, expected "
-                              f"{dm.steps_per_epoch} (steps_per_epoch)")
-        ids.append([i for b in dm.val_dataloader() for i in b["row_id"].tolist()])
+        dm = module_class(train_converter, val_converter, batch_size=batch_size, image_size=image_size,
+                          device_id=device, device_count=2)
+        with own_work(*helpers):
+            batches = _read(dm.train_dataloader(), "train_dataloader")
+            val_rows.append([row for rows, _ in _read(dm.val_dataloader(), "val_dataloader") for row in rows])
         dm.teardown("fit")
-    if set(ids[0]) & set(ids[1]):
-        raise CheckFailed("both devices read the same validation rows: pass cur_shard=device_id, "
-                          "shard_count=device_count")
-    if len(ids[0]) + len(ids[1]) != len(val_converter):
-        raise CheckFailed(f"the 2 devices validated on {len(ids[0]) + len(ids[1])} of {len(val_converter)} rows: "
-                          "validation must be one full pass per epoch")
+        shapes = {shape for _, shape in batches} - {(3, image_size, image_size)}
+        if shapes:
+            raise CheckFailed(f"images of shape {shapes.pop()}, expected (3, {image_size}, {image_size}): pass "
+                              "self.image_size")
+        if len(batches) != dm.steps_per_epoch:
+            raise CheckFailed(f"device {device}: {len(batches)} training batches per epoch, expected "
+                              f"{dm.steps_per_epoch} (self.steps_per_epoch)")
+        sizes = {len(rows) for rows, _ in batches}
+        if sizes != {batch_size}:
+            raise CheckFailed(f"training batches of {sorted(sizes)} rows, expected {batch_size}: pass "
+                              "self.batch_size")
+        train_rows.append({row for rows, _ in batches for row in rows})
+    if train_rows[0] & train_rows[1]:
+        raise CheckFailed("both devices trained on the same rows: pass cur_shard=self.device_id, "
+                          "shard_count=self.device_count to the training loader")
+    if set(val_rows[0]) & set(val_rows[1]):
+        raise CheckFailed("both devices read the same validation rows: pass cur_shard=self.device_id, "
+                          "shard_count=self.device_count")
+    if len(val_rows[0]) + len(val_rows[1]) != len(val_converter):
+        raise CheckFailed(f"the 2 devices validated on {len(val_rows[0]) + len(val_rows[1])} of "
+                          f"{len(val_converter)} rows: validation must be one full pass per epoch")
     return "each device reads its own shard; validation covers every row once"
 
 
@@ -133,19 +350,184 @@ def callbacks(make_callbacks) -> str:
     from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 
     require_implemented(make_callbacks)
-    result = list(make_callbacks(patience=4, min_delta=0.02, checkpoint_dir="ckpts"))
-    stops = [c for c in result if isinstance(c, EarlyStopping)]
-    saves = [c for c in result if isinstance(c, ModelCheckpoint)]
-    if len(stops) != 1 or len(saves) != 1:
-        raise CheckFailed("return a list with one EarlyStopping and one ModelCheckpoint")
-    stop, save = stops[0], saves[0]
-    if stop.monitor != "val_loss" or stop.mode != "min":
-        raise CheckFailed(f"EarlyStopping watches {stop.monitor!r} ({stop.mode}): watch 'val_loss', mode 'min'")
-    if stop.patience != 4 or not math.isclose(abs(stop.min_delta), 0.02):
-        raise CheckFailed(f"patience={stop.patience}, min_delta={abs(stop.min_delta)}: pass the arguments through")
-    if save.monitor != "val_loss" or save.mode != "min" or not save.save_last:
-        raise CheckFailed("ModelCheckpoint should keep the best val_loss (mode 'min') and the last epoch "
-                          "(save_last=True)")
-    if save.dirpath is None or not str(save.dirpath).endswith("ckpts"):
-        raise CheckFailed(f"checkpoints go to {save.dirpath!r}: pass dirpath=checkpoint_dir")
+    rng = random.Random(25)
+    for _ in range(2):
+        patience, min_delta = rng.randint(2, 15), round(rng.uniform(0.001, 0.1), 4)
+        folder = f"ckpts-{rng.randint(100, 999)}"
+        result = list(make_callbacks(patience=patience, min_delta=min_delta, checkpoint_dir=folder))
+        stops = [c for c in result if isinstance(c, EarlyStopping)]
+        saves = [c for c in result if isinstance(c, ModelCheckpoint)]
+        if len(stops) != 1 or len(saves) != 1:
+            raise CheckFailed("return a list with one EarlyStopping and one ModelCheckpoint")
+        stop, save = stops[0], saves[0]
+        if stop.monitor != "val_loss" or stop.mode != "min":
+            raise CheckFailed(f"EarlyStopping watches {stop.monitor!r} ({stop.mode}): watch 'val_loss', mode 'min'")
+        if stop.patience != patience or not close(abs(stop.min_delta), min_delta):
+            raise CheckFailed(f"asked for patience={patience}, min_delta={min_delta}, got patience="
+                              f"{stop.patience}, min_delta={abs(stop.min_delta)}: pass the arguments through")
+        if save.monitor != "val_loss" or save.mode != "min" or not save.save_last or save.save_top_k == 0:
+            raise CheckFailed("ModelCheckpoint should keep the best val_loss (mode 'min') and the last epoch "
+                              "(save_last=True)")
+        if save.dirpath is None or Path(save.dirpath).resolve() != Path(folder).resolve():
+            raise CheckFailed(f"checkpoints go to {save.dirpath!r}, not {folder!r}: pass dirpath=checkpoint_dir")
     return "stop on a val_loss plateau, keep the best and the last checkpoints"
+
+
+def _runs(client) -> dict[str, object]:
+    """Every run in the store, by run id."""
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    return {run.info.run_id: run for run in client.search_runs(experiments, max_results=10_000)}
+
+
+@register("2.6")
+def tracked_fit(fit_tracked) -> str:
+    """``fit_tracked(model, datamodule, callbacks, max_epochs, experiment, tracking_uri)``: a Trainer with the
+    callbacks; on global rank 0 one finished MLflow run in ``experiment`` with val_loss, none on other ranks."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+    from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
+
+    from helpers.tracking import setup_mlflow
+    from helpers.training import train
+
+    require_implemented(fit_tracked)
+    uri = _tracking_store()
+    client = MlflowClient(uri)
+    experiment, experiment_id = _new_experiment(client, "check-2.6")
+    rng = random.Random(26)
+    patience = rng.randint(1, 2)
+    max_epochs = patience + rng.randint(2, 3)
+    before = _runs(client)
+    with tempfile.TemporaryDirectory() as folder, _quiet():
+        # min_delta far above any change in val_loss: EarlyStopping stops after exactly patience + 1 epochs
+        model = _TinyClassifier(seed=1)
+        given = [EarlyStopping(monitor="val_loss", min_delta=1e3, patience=patience),
+                 ModelCheckpoint(dirpath=Path(folder, "rank0"), monitor="val_loss", save_last=True)]
+        with _isolated_mlflow(uri), own_work(train, setup_mlflow):
+            fit_tracked(model, _TinyData(steps=3, seed=2), given, max_epochs, experiment, uri)
+            left_open = mlflow.active_run() is not None
+        rank0_runs = set(_runs(client)) - set(before)
+        written = sorted(p.name for p in Path(folder, "rank0").glob("*.ckpt"))
+        other = _TinyClassifier(seed=3)
+        callbacks_other = [EarlyStopping(monitor="val_loss", patience=9),
+                           ModelCheckpoint(dirpath=Path(folder, "rank1"), monitor="val_loss", save_last=True)]
+        with _isolated_mlflow(uri), own_work(train, setup_mlflow), _as_rank(1):
+            fit_tracked(other, _TinyData(steps=3, seed=4), callbacks_other, 2, experiment, uri)
+        rank1_runs = set(_runs(client)) - set(before) - rank0_runs
+    if not model.epochs:
+        raise CheckFailed("nothing was trained: build a pl.Trainer and call trainer.fit(model, datamodule=datamodule)")
+    if len(model.epochs) != patience + 1:
+        raise CheckFailed(f"trained {len(model.epochs)} epochs where the EarlyStopping given stops after "
+                          f"{patience + 1}: pass callbacks=callbacks to the Trainer")
+    if not written:
+        raise CheckFailed("no checkpoint was written: pass callbacks=callbacks (they hold the ModelCheckpoint)")
+    if len(other.epochs) != 2:
+        raise CheckFailed(f"with max_epochs=2 the fit ran {len(other.epochs)} epochs: pass max_epochs to the Trainer")
+    if not rank0_runs:
+        raise CheckFailed("no MLflow run was recorded: on rank 0 turn on mlflow.pytorch.autolog() (or pass an "
+                          "MLFlowLogger) before trainer.fit")
+    if len(rank0_runs) > 1:
+        raise CheckFailed(f"one fit opened {len(rank0_runs)} MLflow runs: track it as one run")
+    run = _runs(client)[rank0_runs.pop()]
+    if run.info.experiment_id != experiment_id:
+        raise CheckFailed("the run went to another experiment: mlflow.set_experiment(experiment) first")
+    if left_open or run.info.status != "FINISHED":
+        raise CheckFailed("the run is still open after the fit: end it (with mlflow.start_run(): ...)")
+    if "val_loss" not in run.data.metrics:
+        raise CheckFailed(f"the run logged {sorted(run.data.metrics)}, no val_loss: let autolog or the "
+                          "MLFlowLogger log the epoch metrics")
+    if rank1_runs:
+        raise CheckFailed("a process of global rank 1 recorded an MLflow run too: track on rank 0 only "
+                          "(if trainer.global_rank == 0), or every process opens its own run")
+    return "the Trainer stops early and checkpoints; rank 0 records one MLflow run with the metrics"
+
+
+def _check_resume(resume, done: int, more: int, steps: int, seed: int) -> None:
+    """Save a training after ``done`` epochs, let ``resume`` continue it to ``done + more`` epochs in all, and
+    raise :class:`CheckFailed` unless it continued from the checkpoint's epoch, step, weights and momentum."""
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    from helpers.training import train
+
+    data = _TinyData(steps=steps, seed=seed)
+    with tempfile.TemporaryDirectory() as folder, _quiet():
+        saver = ModelCheckpoint(dirpath=folder, save_last=True)
+        first = _trainer(max_epochs=done, enable_checkpointing=True, callbacks=[saver])
+        first.fit(_TinyClassifier(seed=seed + 1), datamodule=data)
+        saved = torch.load(saver.last_model_path, map_location="cpu", weights_only=False)
+        model = _TinyClassifier(seed=seed + 2)
+        with own_work(train):
+            resume(model, data, saver.last_model_path, done + more)
+    if not model.starts:
+        raise CheckFailed("nothing was trained: call trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)")
+    start = model.starts[0]
+    if not all(torch.equal(start["weights"][k], v) for k, v in saved["state_dict"].items()):
+        raise CheckFailed("training did not start from the checkpoint's weights: pass ckpt_path=ckpt_path to "
+                          "trainer.fit")
+    if (start["epoch"], start["step"]) != (first.current_epoch, first.global_step):
+        raise CheckFailed(f"training restarted at epoch {start['epoch']}, step {start['step']}, not epoch "
+                          f"{first.current_epoch}, step {first.global_step}: loading the weights alone resets the "
+                          "counters and the optimizer, pass ckpt_path to trainer.fit")
+    momentum = saved["optimizer_states"][0]["state"]
+    if set(start["momentum"]) != set(momentum) or not all(
+            torch.equal(start["momentum"][k], v["momentum_buffer"]) for k, v in momentum.items()):
+        raise CheckFailed("the optimizer's momentum started afresh: pass ckpt_path to trainer.fit, which restores "
+                          "the optimizer state too")
+    if len(model.epochs) != more:
+        raise CheckFailed(f"after {done} saved epochs and max_epochs={done + more}, the resumed fit ran "
+                          f"{len(model.epochs)} epochs: max_epochs counts all epochs, pass it unchanged")
+
+
+@register("2.7")
+def resumed_training(resume) -> str:
+    """``resume(model, datamodule, ckpt_path, max_epochs)``: continues a saved training (epoch, step, weights
+    and optimizer state) until ``max_epochs`` epochs in all; two generated cases with different totals."""
+    require_implemented(resume)
+    rng = random.Random(27)
+    _check_resume(resume, done=1, more=rng.randint(1, 2), steps=rng.randint(3, 5), seed=5)
+    _check_resume(resume, done=2, more=rng.randint(2, 3), steps=rng.randint(3, 5), seed=15)
+    return "training continues from the checkpoint's epoch, step, weights and optimizer state"
+
+
+def _log_runs(client, experiment_id: str, finals: list[float | None], statuses: list[str]) -> list[str]:
+    """Create one run per final val_loss (None: no val_loss), each a decreasing history; return their ids."""
+    from mlflow.entities import Metric
+
+    ids = []
+    for final, status in zip(finals, statuses):
+        run_id = client.create_run(experiment_id).info.run_id
+        if final is not None:
+            history = [final + 0.3, final + 0.1, final]
+            client.log_batch(run_id, metrics=[Metric("val_loss", v, 0, step) for step, v in enumerate(history)])
+        else:
+            client.log_batch(run_id, metrics=[Metric("train_loss", 0.01, 0, 0)])
+        client.set_terminated(run_id, status)
+        ids.append(run_id)
+    return ids
+
+
+@register("2.8")
+def best_run_check(best_run) -> str:
+    """Stretch: ``best_run(experiment, tracking_uri)``: the id of the finished run with the lowest val_loss."""
+    from mlflow.tracking import MlflowClient
+
+    require_implemented(best_run)
+    uri = _tracking_store()
+    client = MlflowClient(uri)
+    experiment, experiment_id = _new_experiment(client, "check-2.8")
+    _, elsewhere_id = _new_experiment(client, "check-2.8-other")
+    rng = random.Random(28)
+    low, best, middle, high = sorted(round(rng.uniform(0.1, 1.5), 4) for _ in range(4))
+    # created in an order where neither the first nor the latest run is the answer
+    ids = _log_runs(client, experiment_id, [middle, low, best, None, high],
+                    ["FINISHED", "FAILED", "FINISHED", "FINISHED", "FINISHED"])
+    elsewhere = _log_runs(client, elsewhere_id, [low / 2], ["FINISHED"])[0]
+    with _isolated_mlflow(uri):
+        got = best_run(experiment, uri)
+    if got == ids[2]:
+        return "the finished run with the lowest val_loss, found with MLflow's search"
+    hints = {ids[1]: "that run FAILED: keep only finished runs (attributes.status = 'FINISHED')",
+             elsewhere: "that run is in another experiment: search only the experiment given",
+             ids[4]: "that run has the highest val_loss: order by metrics.val_loss ASC"}
+    raise CheckFailed(hints.get(str(got), f"got {got!r}: return the run_id of the finished run with the lowest "
+                                          "val_loss in the experiment"))

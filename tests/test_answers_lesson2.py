@@ -1,0 +1,543 @@
+"""Answer corpus for lesson 2: right answers written differently pass, lazy, hard-coded and subtly wrong ones fail.
+
+Each answer is run against its check directly (``helpers.checks._run``), with only the namespace the check needs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlflow
+import numpy as np
+import pytest
+import pytorch_lightning as pl
+import torch
+from mlflow.tracking import MlflowClient
+from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
+from pytorch_lightning.loggers import MLFlowLogger
+from torch.nn import functional as F
+
+from helpers.checks import PASSED, _run
+from helpers.datamodule import PetastormDataModule
+from helpers.loaders import PetastormBatches
+from helpers.model import LitClassificationModel
+from helpers.training import steps_per_epoch, train
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def verdict(exercise: str, answer) -> str:
+    status, message = _run(exercise, answer)
+    assert status in (PASSED, "failed"), message
+    return status
+
+
+# --- 2.1 epoch_steps -------------------------------------------------------------------------------------------
+
+
+def steps_ceil(rows, batch_size, world_size):
+    return max(1, math.ceil(rows / (batch_size * world_size)))
+
+
+def steps_numpy(rows, batch_size, world_size):
+    return np.int64(max(1, -(-rows // (batch_size * world_size))))
+
+
+def steps_float(rows, batch_size, world_size):
+    return float(max(1, np.ceil(rows / batch_size / world_size)))
+
+
+def steps_delegating(rows, batch_size, world_size):
+    return steps_per_epoch(rows, batch_size, world_size)
+
+
+def steps_floor(rows, batch_size, world_size):
+    return max(1, rows // (batch_size * world_size))
+
+
+def steps_ignoring_world(rows, batch_size, world_size):
+    return max(1, math.ceil(rows / batch_size))
+
+
+def steps_hard_coded(rows, batch_size, world_size):
+    return {(1438, 64, 1): 23, (1438, 64, 2): 12, (3670, 64, 8): 8, (100, 10, 1): 10}.get((rows, batch_size,
+                                                                                           world_size), 1)
+
+
+@pytest.mark.parametrize("answer", [steps_ceil, steps_numpy, steps_float])
+def test_2_1_right(answer):
+    assert verdict("2.1", answer) == "passed"
+
+
+@pytest.mark.parametrize("answer", [steps_delegating, steps_floor, steps_ignoring_world, steps_hard_coded])
+def test_2_1_wrong(answer):
+    assert verdict("2.1", answer) == "failed"
+
+
+# --- 2.2 make_optimizer ----------------------------------------------------------------------------------------
+
+
+def optimizer_filter(model, learning_rate, momentum):
+    return torch.optim.SGD(filter(lambda p: p.requires_grad, model.parameters()), lr=learning_rate,
+                           momentum=momentum)
+
+
+def optimizer_named_groups(model, learning_rate, momentum):
+    weights = [p for n, p in model.named_parameters() if p.requires_grad and not n.endswith("bias")]
+    biases = [p for n, p in model.named_parameters() if p.requires_grad and n.endswith("bias")]
+    groups = [{"params": group} for group in (weights, biases) if group]
+    return torch.optim.SGD(groups, lr=np.float64(learning_rate), momentum=momentum)
+
+
+def optimizer_every_parameter(model, learning_rate, momentum):
+    return torch.optim.SGD(model.parameters(), lr=learning_rate, momentum=momentum)
+
+
+def optimizer_hard_coded(model, learning_rate, momentum):
+    return torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.03, momentum=0.8)
+
+
+def optimizer_adam(model, learning_rate, momentum):
+    return torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=learning_rate)
+
+
+def optimizer_delegating(model, learning_rate, momentum):
+    model.learning_rate = learning_rate
+    return LitClassificationModel.configure_optimizers(model)
+
+
+@pytest.mark.parametrize("answer", [optimizer_filter, optimizer_named_groups])
+def test_2_2_right(answer):
+    assert verdict("2.2", answer) == "passed"
+
+
+@pytest.mark.parametrize("answer", [optimizer_every_parameter, optimizer_hard_coded, optimizer_adam,
+                                    optimizer_delegating])
+def test_2_2_wrong(answer):
+    assert verdict("2.2", answer) == "failed"
+
+
+# --- 2.3 MyModel's steps ---------------------------------------------------------------------------------------
+
+
+class ModelLogging(LitClassificationModel):
+    def training_step(self, batch, batch_idx):
+        loss = F.cross_entropy(self(batch["features"]), batch["label_index"])
+        self.log("train_loss", loss, on_step=False, on_epoch=True, sync_dist=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        logits = self(batch["features"])
+        loss = F.cross_entropy(logits, batch["label_index"])
+        accuracy = (logits.argmax(dim=1) == batch["label_index"]).float().mean()
+        self.log_dict({"val_loss": loss, "val_acc": accuracy}, sync_dist=True)
+
+
+class ModelDictLoss(LitClassificationModel):
+    def training_step(self, batch, batch_idx):
+        loss = torch.nn.CrossEntropyLoss()(self.forward(batch["features"]), batch["label_index"])
+        self.log("train_loss", loss)
+        return {"loss": loss}
+
+    def validation_step(self, batch, batch_idx):
+        logits = self(batch["features"])
+        log_probs = F.log_softmax(logits, dim=1)
+        self.log("val_loss", F.nll_loss(log_probs, batch["label_index"]), on_epoch=True)
+        correct = torch.eq(torch.max(logits, 1).indices, batch["label_index"]).sum()
+        self.log("val_acc", correct / len(batch["label_index"]), on_epoch=True)
+
+
+class ModelInherited(LitClassificationModel):
+    pass
+
+
+class ModelSuper(LitClassificationModel):
+    def training_step(self, batch, batch_idx):
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        return super().validation_step(batch, batch_idx)
+
+
+class ModelCorrectCount(ModelLogging):
+    def validation_step(self, batch, batch_idx):
+        logits = self(batch["features"])
+        self.log("val_loss", F.cross_entropy(logits, batch["label_index"]))
+        self.log("val_acc", (logits.argmax(dim=1) == batch["label_index"]).sum().float())
+
+
+class ModelConstantLoss(ModelLogging):
+    def training_step(self, batch, batch_idx):
+        loss = F.cross_entropy(self(batch["features"]), batch["label_index"])
+        self.log("train_loss", loss)
+        return loss * 0 + 1.0986
+
+
+class ModelTrainLossAsVal(ModelLogging):
+    def validation_step(self, batch, batch_idx):
+        logits = self(batch["features"])
+        self.log("val_loss", F.cross_entropy(logits, batch["label_index"]) * 0.5)
+        self.log("val_acc", (logits.argmax(dim=1) == batch["label_index"]).float().mean())
+
+
+@pytest.mark.parametrize("answer", [ModelLogging, ModelDictLoss])
+def test_2_3_right(answer):
+    assert verdict("2.3", {"MyModel": answer}) == "passed"
+
+
+@pytest.mark.parametrize("answer", [ModelInherited, ModelSuper, ModelCorrectCount, ModelConstantLoss,
+                                    ModelTrainLossAsVal])
+def test_2_3_wrong(answer):
+    assert verdict("2.3", {"MyModel": answer}) == "failed"
+
+
+# --- 2.4 MyDataModule ------------------------------------------------------------------------------------------
+
+
+class DataModuleBatches(PetastormDataModule):
+    def train_dataloader(self):
+        return PetastormBatches(self.train_converter, self.batch_size, self.image_size, cur_shard=self.device_id,
+                                shard_count=self.device_count, steps_per_epoch=self.steps_per_epoch, shuffle=True)
+
+    def val_dataloader(self):
+        return PetastormBatches(self.val_converter, self.batch_size, self.image_size, cur_shard=self.device_id,
+                                shard_count=self.device_count)
+
+
+class DataModuleKeywords(PetastormDataModule):
+    def _loader(self, converter, **extra):
+        shard = {"cur_shard": self.device_id, "shard_count": self.device_count}
+        return PetastormBatches(converter=converter, batch_size=self.batch_size, image_size=self.image_size,
+                                **shard, **extra)
+
+    def train_dataloader(self):
+        return self._loader(self.train_converter, steps_per_epoch=self.steps_per_epoch)
+
+    def val_dataloader(self):
+        return self._loader(self.val_converter)
+
+
+class DataModuleInherited(PetastormDataModule):
+    pass
+
+
+class DataModuleSuper(PetastormDataModule):
+    def train_dataloader(self):
+        return super().train_dataloader()
+
+    def val_dataloader(self):
+        return super().val_dataloader()
+
+
+class DataModuleUnshardedTrain(DataModuleBatches):
+    def train_dataloader(self):
+        return PetastormBatches(self.train_converter, self.batch_size, self.image_size,
+                                steps_per_epoch=self.steps_per_epoch, shuffle=True)
+
+
+class DataModuleHardCoded(DataModuleBatches):
+    def train_dataloader(self):
+        return PetastormBatches(self.train_converter, 64, 32, cur_shard=self.device_id,
+                                shard_count=self.device_count, steps_per_epoch=self.steps_per_epoch)
+
+
+class DataModuleOneValBatch(DataModuleBatches):
+    def val_dataloader(self):
+        return [next(iter(PetastormBatches(self.val_converter, self.batch_size, self.image_size,
+                                           cur_shard=self.device_id, shard_count=self.device_count)))]
+
+
+@pytest.fixture(scope="module")
+def converters(spark, digits_dir, session_work_dir):
+    from helpers.loaders import prepare_data
+
+    prepared = prepare_data(digits_dir, num_devices=1, spark=spark,
+                            table_path=session_work_dir / "tables" / "lesson2-answers")
+    return {"train_converter": prepared.train_converter, "val_converter": prepared.val_converter}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answer", [DataModuleBatches, DataModuleKeywords])
+def test_2_4_right(answer, converters):
+    assert verdict("2.4", {**converters, "MyDataModule": answer}) == "passed"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answer", [DataModuleInherited, DataModuleSuper, DataModuleUnshardedTrain,
+                                    DataModuleHardCoded, DataModuleOneValBatch])
+def test_2_4_wrong(answer, converters):
+    assert verdict("2.4", {**converters, "MyDataModule": answer}) == "failed"
+
+
+# --- 2.5 make_callbacks ----------------------------------------------------------------------------------------
+
+
+def callbacks_list(patience, min_delta, checkpoint_dir):
+    return [EarlyStopping(monitor="val_loss", mode="min", min_delta=min_delta, patience=patience),
+            ModelCheckpoint(dirpath=checkpoint_dir, monitor="val_loss", mode="min", save_last=True)]
+
+
+def callbacks_tuple(patience, min_delta, checkpoint_dir):
+    save = ModelCheckpoint(str(checkpoint_dir), "best-{epoch}", "val_loss", save_last=True, save_top_k=2)
+    return (save, EarlyStopping("val_loss", np.float64(min_delta), int(patience)), pl.callbacks.LearningRateMonitor())
+
+
+def callbacks_hard_coded(patience, min_delta, checkpoint_dir):
+    return callbacks_list(3, 0.01, checkpoint_dir)
+
+
+def callbacks_no_last(patience, min_delta, checkpoint_dir):
+    return [EarlyStopping(monitor="val_loss", min_delta=min_delta, patience=patience),
+            ModelCheckpoint(dirpath=checkpoint_dir, monitor="val_loss")]
+
+
+def callbacks_max_mode(patience, min_delta, checkpoint_dir):
+    return [EarlyStopping(monitor="val_loss", mode="max", min_delta=min_delta, patience=patience),
+            ModelCheckpoint(dirpath=checkpoint_dir, monitor="val_loss", save_last=True)]
+
+
+def callbacks_fixed_folder(patience, min_delta, checkpoint_dir):
+    return callbacks_list(patience, min_delta, "checkpoints")
+
+
+@pytest.mark.parametrize("answer", [callbacks_list, callbacks_tuple])
+def test_2_5_right(answer):
+    assert verdict("2.5", answer) == "passed"
+
+
+@pytest.mark.parametrize("answer", [callbacks_hard_coded, callbacks_no_last, callbacks_max_mode,
+                                    callbacks_fixed_folder])
+def test_2_5_wrong(answer):
+    assert verdict("2.5", answer) == "failed"
+
+
+# --- 2.6 fit_tracked -------------------------------------------------------------------------------------------
+
+QUIET = dict(enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1)
+
+
+def fit_autolog(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
+    trainer = pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False, **QUIET)
+    if trainer.global_rank != 0:
+        trainer.fit(model, datamodule=datamodule)
+        return trainer
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_experiment(experiment)
+    mlflow.pytorch.autolog(log_models=False, checkpoint=False, silent=True)
+    with mlflow.start_run():
+        trainer.fit(model, datamodule=datamodule)
+    return trainer
+
+
+def fit_logger(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
+    logger = MLFlowLogger(experiment_name=experiment, tracking_uri=tracking_uri)  # Lightning logs on rank 0 only
+    pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=logger, log_every_n_steps=1, **QUIET).fit(
+        model, datamodule)
+
+
+def fit_autolog_implicit_run(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
+    trainer = pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False, **QUIET)
+    if trainer.is_global_zero:
+        mlflow.set_experiment(experiment)
+        mlflow.pytorch.autolog(log_models=False, silent=True)  # opens and ends a run around fit
+    trainer.fit(model, datamodule=datamodule)
+
+
+def fit_every_rank(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_experiment(experiment)
+    mlflow.pytorch.autolog(log_models=False, silent=True)
+    pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False, **QUIET).fit(model, datamodule=datamodule)
+
+
+def fit_no_callbacks(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
+    fit_autolog(model, datamodule, [], max_epochs, experiment, tracking_uri)
+
+
+def fit_untracked(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
+    pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False, **QUIET).fit(model, datamodule=datamodule)
+
+
+def fit_run_left_open(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
+    trainer = pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False, **QUIET)
+    if trainer.global_rank == 0:
+        mlflow.set_experiment(experiment)
+        mlflow.pytorch.autolog(log_models=False, silent=True)
+        mlflow.start_run()
+    trainer.fit(model, datamodule=datamodule)
+
+
+def fit_default_experiment(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
+    trainer = pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False, **QUIET)
+    if trainer.global_rank == 0:
+        mlflow.pytorch.autolog(log_models=False, silent=True)
+        with mlflow.start_run():
+            trainer.fit(model, datamodule=datamodule)
+
+
+def fit_hard_coded_epochs(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
+    fit_autolog(model, datamodule, callbacks, 8, experiment, tracking_uri)
+
+
+def fit_delegating(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
+    return train(model, datamodule, max_epochs=max_epochs, mlflow_experiment=experiment, tracking_uri=tracking_uri)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answer", [fit_autolog, fit_logger, fit_autolog_implicit_run])
+def test_2_6_right(answer):
+    assert verdict("2.6", answer) == "passed"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answer", [fit_every_rank, fit_no_callbacks, fit_untracked, fit_run_left_open,
+                                    fit_default_experiment, fit_hard_coded_epochs, fit_delegating])
+def test_2_6_wrong(answer):
+    assert verdict("2.6", answer) == "failed"
+
+
+def test_2_6_leaves_mlflow_as_it_was():
+    uri_set, experiment = mlflow.tracking._tracking_service.utils._tracking_uri, mlflow.tracking.fluent._active_experiment_id
+    verdict("2.6", fit_every_rank)
+    assert (mlflow.tracking._tracking_service.utils._tracking_uri, mlflow.tracking.fluent._active_experiment_id) == (
+        uri_set, experiment)
+    assert mlflow.active_run() is None
+
+
+# --- 2.7 resume ------------------------------------------------------------------------------------------------
+
+
+def resume_fit(model, datamodule, ckpt_path, max_epochs):
+    trainer = pl.Trainer(max_epochs=max_epochs, logger=False, enable_checkpointing=False, **QUIET)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    return trainer
+
+
+def resume_last(model, datamodule, ckpt_path, max_epochs):
+    from pathlib import Path
+
+    keep = ModelCheckpoint(dirpath=Path(ckpt_path).parent, save_last=True)
+    trainer = pl.Trainer(max_epochs=max_epochs, logger=False, callbacks=[keep], **QUIET)
+    trainer.fit(model, train_dataloaders=datamodule.train_dataloader(),
+                val_dataloaders=datamodule.val_dataloader(), ckpt_path="last")
+
+
+def resume_from_scratch(model, datamodule, ckpt_path, max_epochs):
+    pl.Trainer(max_epochs=max_epochs, logger=False, enable_checkpointing=False, **QUIET).fit(model, datamodule)
+
+
+def resume_weights_only(model, datamodule, ckpt_path, max_epochs):
+    saved = torch.load(ckpt_path, weights_only=False)
+    model.load_state_dict(saved["state_dict"])
+    pl.Trainer(max_epochs=max_epochs - saved["epoch"] - 1, logger=False, enable_checkpointing=False,
+               **QUIET).fit(model, datamodule)
+
+
+def resume_more_epochs(model, datamodule, ckpt_path, max_epochs):
+    saved = torch.load(ckpt_path, weights_only=False)
+    resume_fit(model, datamodule, ckpt_path, max_epochs + saved["epoch"] + 1)
+
+
+def resume_hard_coded(model, datamodule, ckpt_path, max_epochs):
+    resume_fit(model, datamodule, ckpt_path, 4)
+
+
+def resume_delegating(model, datamodule, ckpt_path, max_epochs):
+    return train(model, datamodule, max_epochs=max_epochs, ckpt_restore=ckpt_path, early_stopping=False)
+
+
+@pytest.mark.parametrize("answer", [resume_fit, resume_last])
+def test_2_7_right(answer):
+    assert verdict("2.7", answer) == "passed"
+
+
+@pytest.mark.parametrize("answer", [resume_from_scratch, resume_weights_only, resume_more_epochs,
+                                    resume_hard_coded, resume_delegating])
+def test_2_7_wrong(answer):
+    assert verdict("2.7", answer) == "failed"
+
+
+# --- 2.8 best_run (stretch) ------------------------------------------------------------------------------------
+
+
+def best_search(experiment, tracking_uri):
+    mlflow.set_tracking_uri(tracking_uri)
+    runs = mlflow.search_runs(experiment_names=[experiment], filter_string="attributes.status = 'FINISHED'",
+                              order_by=["metrics.val_loss ASC"], max_results=1)
+    return runs["run_id"].iloc[0]
+
+
+def best_client(experiment, tracking_uri):
+    client = MlflowClient(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    runs = [r for r in client.search_runs([found.experiment_id])
+            if r.info.status == "FINISHED" and "val_loss" in r.data.metrics]
+    return min(runs, key=lambda r: r.data.metrics["val_loss"]).info.run_id
+
+
+def best_any_status(experiment, tracking_uri):
+    runs = mlflow.search_runs(experiment_names=[experiment], order_by=["metrics.val_loss ASC"])
+    return runs["run_id"].iloc[0]
+
+
+def best_descending(experiment, tracking_uri):
+    runs = mlflow.search_runs(experiment_names=[experiment], filter_string="attributes.status = 'FINISHED'",
+                              order_by=["metrics.val_loss DESC"])
+    return runs["run_id"].iloc[0]
+
+
+def best_every_experiment(experiment, tracking_uri):
+    runs = mlflow.search_runs(search_all_experiments=True, filter_string="attributes.status = 'FINISHED'",
+                              order_by=["metrics.val_loss ASC"])
+    return runs["run_id"].iloc[0]
+
+
+def best_latest(experiment, tracking_uri):
+    return mlflow.search_runs(experiment_names=[experiment])["run_id"].iloc[0]
+
+
+def best_hard_coded(experiment, tracking_uri):
+    return "0123456789abcdef0123456789abcdef"
+
+
+@pytest.mark.parametrize("answer", [best_search, best_client])
+def test_2_8_right(answer):
+    assert verdict("2.8", answer) == "passed"
+
+
+@pytest.mark.parametrize("answer", [best_any_status, best_descending, best_every_experiment, best_latest,
+                                    best_hard_coded])
+def test_2_8_wrong(answer):
+    assert verdict("2.8", answer) == "failed"
+
+
+# --- not attempted ---------------------------------------------------------------------------------------------
+
+
+def stub(*args):
+    ...
+
+
+class StubModel(LitClassificationModel):
+    def training_step(self, batch, batch_idx):
+        ...
+
+    def validation_step(self, batch, batch_idx):
+        ...
+
+
+class StubDataModule(PetastormDataModule):
+    def train_dataloader(self):
+        ...
+
+    def val_dataloader(self):
+        ...
+
+
+@pytest.mark.parametrize("exercise, answer", [
+    ("2.1", stub), ("2.2", stub), ("2.3", {"MyModel": StubModel}),
+    ("2.4", {"MyDataModule": StubDataModule, "train_converter": None, "val_converter": None}),
+    ("2.5", stub), ("2.6", stub), ("2.7", stub), ("2.8", stub), ("2.3", {"MyModel": ...}),
+])
+def test_stubs_are_not_attempted(exercise, answer):
+    assert _run(exercise, answer)[0] == "not attempted"
