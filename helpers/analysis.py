@@ -46,6 +46,7 @@ __all__ = [
     "plot_scaling",
     "plot_val_loss",
     "pitfall_report",
+    "plan_sweep",
     "record_run",
     "run_training",
     "runs_table",
@@ -110,6 +111,23 @@ def _datamodule_class(epoch_mode: str) -> type[PetastormDataModule]:
 def new_sweep_id() -> str:
     """A fresh id for one comparison (one notebook run): every run of it gets the tag ``course.sweep``."""
     return f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def plan_sweep(max_devices: int, base_settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs of a like-for-like scaling sweep up to ``max_devices``, from the 1-device ``base_settings``.
+
+    ``base_settings`` holds at least ``batch_size`` (per device), ``learning_rate`` (on 1 device) and
+    ``train_rows``. Device counts: 1 (the baseline), doubling while at most ``max_devices``, and ``max_devices``
+    itself, keeping only counts at which every device gets a full batch (``devices x batch_size <= train_rows``).
+    Each run is a copy of ``base_settings`` (same seed, data and early-stopping settings) with ``devices``, the
+    same per-device ``batch_size``, ``global_batch_size = batch_size x devices``, ``learning_rate`` scaled
+    linearly (x devices) and ``steps_per_epoch`` for one pass over the data. Sorted by devices.
+    """
+    batch, rows = base_settings["batch_size"], base_settings["train_rows"]
+    counts = {max_devices} | {2 ** k for k in range(max_devices.bit_length()) if 2 ** k <= max_devices}
+    return [{**base_settings, "devices": n, "batch_size": batch, "global_batch_size": batch * n,
+             "learning_rate": base_settings["learning_rate"] * n, "steps_per_epoch": steps_per_epoch(rows, batch, n)}
+            for n in sorted(counts) if n == 1 or n * batch <= rows]
 
 
 def train_worker(

@@ -1,18 +1,24 @@
-"""Checks for lesson 5: the early-stopping comparison, analysed from MLflow.
+"""Checks for lesson 5: designing the sweep, and the early-stopping comparison analysed from MLflow.
 
-They test behaviour: the student's functions run on small tables built here with known answers, and on the
-lesson's real runs (compared with ``helpers.analysis``). None of them trains anything.
+They test behaviour: the student's functions run on inputs generated here with a fixed seed (so the verdict is the
+same on every run) and known answers from ``helpers.analysis``, computed before the answer runs; then on the
+lesson's real runs where the namespace has them. An answer that calls the helper doing the exercise fails
+(``own_work``). None of them trains anything.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
 
-from helpers.checks import CheckFailed, NotAttempted, register, require, require_implemented
+from helpers.checks import CheckFailed, NotAttempted, close, own_work, register, require, require_implemented, \
+    whole_number
+
+_EPS = 1e-6  # a loss this close to a rule's boundary may fall either side through float rounding
 
 
 def _uri(namespace) -> str:
@@ -21,9 +27,18 @@ def _uri(namespace) -> str:
     return tracking_uri(namespace.get("MLFLOW_TRACKING_URI"))
 
 
+def _returned(value: Any, what: str) -> Any:
+    """``value``, or :class:`NotAttempted` when the answer returned nothing (a body without ``return``)."""
+    if value is None:
+        raise NotAttempted(f"{what} returns nothing yet: add a return")
+    return value
+
+
+# --- 5.1 query the runs -----------------------------------------------------------------------------------------
+
+
 def _run_ids(frame: Any, what: str) -> set[str]:
-    if frame is None:
-        raise NotAttempted(f"{what} returns nothing yet: return what mlflow.search_runs returns")
+    _returned(frame, what)
     if not isinstance(frame, pd.DataFrame) or "run_id" not in frame.columns:
         raise CheckFailed(f"{what} returned a {type(frame).__name__} without a run_id column: return the "
                           "DataFrame from mlflow.search_runs(...)")
@@ -60,8 +75,9 @@ def query_the_runs(namespace) -> str:
             client.set_terminated(run.info.run_id, status)
             decoys.append(run.info.run_id)
         mlflow.set_tracking_uri(uri)
-        got = _run_ids(query_runs(experiment, sweep), "query_runs")
-        other = _run_ids(query_runs(experiment, other_sweep), "query_runs")
+        with own_work(runs_table):
+            got = _run_ids(query_runs(experiment, sweep), "query_runs")
+            other = _run_ids(query_runs(experiment, other_sweep), "query_runs")
     finally:
         for run_id in decoys:
             client.delete_run(run_id)
@@ -81,22 +97,45 @@ def query_the_runs(namespace) -> str:
     return f"{len(got)} finished runs of this sweep, none of another sweep, no failed run"
 
 
-def _speedup_cases() -> list[pd.DataFrame]:
-    """Small tables with known answers: unsorted rows, a non-default index, a super-linear point."""
-    cases = [
-        ([1, 2, 4, 8], [100.0, 60.0, 35.0, 25.0]),
-        ([2, 1], [30.0, 24.0]),  # slower on 2 devices: speedup below 1
-        ([4, 1, 2], [10.0, 50.0, 20.0]),  # super-linear at 4
-    ]
+# --- 5.2 speedup and efficiency ---------------------------------------------------------------------------------
+
+
+def speedup_cases(seed: int = 52, count: int = 6) -> list[pd.DataFrame]:
+    """Made-up run tables: 1 device plus 1-4 other counts, rows shuffled, a non-default index, times from
+    sub-linear to super-linear, extra columns."""
+    rng = random.Random(seed)
     tables = []
-    shuffle = random.Random(5)
-    for devices, times in cases:
+    for case in range(count):
+        devices = [1, *rng.sample([2, 3, 4, 6, 8, 16, 32], rng.randint(1, 4))]
+        one = rng.uniform(20.0, 500.0)
+        times = [one if n == 1 else one / (n * rng.uniform(0.3, 1.2)) for n in devices]
         rows = list(zip(devices, times))
-        shuffle.shuffle(rows)
-        tables.append(pd.DataFrame({"devices": [d for d, _ in rows], "wall_time_s": [t for _, t in rows],
-                                    "run_id": [f"run-{d}" for d, _ in rows]},
-                                   index=[10 + 3 * i for i in range(len(rows))]))
+        rng.shuffle(rows)
+        tables.append(pd.DataFrame({"run_id": [f"run-{case}-{n}" for n, _ in rows], "epoch_mode": "one_pass",
+                                    "devices": [n for n, _ in rows], "wall_time_s": [t for _, t in rows]},
+                                   index=rng.sample(range(100, 1000), len(rows))))
     return tables
+
+
+def _compare_speedups(got: Any, expected: pd.DataFrame, where: str) -> None:
+    """Fail unless ``got`` has ``expected``'s speedup and efficiency for each run (matched by run_id)."""
+    _returned(got, "speedup_efficiency")
+    if not isinstance(got, pd.DataFrame) or not {"speedup", "efficiency"} <= set(got.columns):
+        raise CheckFailed("return a DataFrame: the table with the columns speedup and efficiency added")
+    if "run_id" in got.columns:
+        got, expected = got.set_index("run_id"), expected.set_index("run_id")
+    if len(got) != len(expected) or set(got.index) != set(expected.index):
+        raise CheckFailed(f"{len(got)} rows came back for {len(expected)} {where}: keep the table's rows (one per "
+                          "run) and add the two columns")
+    for run_id, row in expected.iterrows():
+        n, time_s, speedup = int(row["devices"]), float(row["wall_time_s"]), float(row["speedup"])
+        if not close(got.loc[run_id, "speedup"], speedup, 1e-6):
+            raise CheckFailed(f"{where}, devices={n}: speedup {got.loc[run_id, 'speedup']!r}, expected {speedup:.4g} "
+                              f"= time on 1 device / time on {n} ({time_s:.4g} s): take the 1-device row's time, "
+                              "not the first row's")
+        if not close(got.loc[run_id, "efficiency"], speedup / n, 1e-6):
+            raise CheckFailed(f"{where}, devices={n}: efficiency {got.loc[run_id, 'efficiency']!r}, expected "
+                              f"speedup / devices = {speedup / n:.4g}")
 
 
 @register("5.2")
@@ -106,108 +145,296 @@ def speedup_and_efficiency(namespace) -> str:
 
     speedup_efficiency = require(namespace, "speedup_efficiency")
     require_implemented(speedup_efficiency)
-    for table in _speedup_cases():
-        original = table.copy()
-        got = speedup_efficiency(table.copy())
-        if got is None:
-            raise NotAttempted("speedup_efficiency returns nothing yet: return the table with the new columns")
-        if not isinstance(got, pd.DataFrame) or not {"speedup", "efficiency"} <= set(got.columns):
-            raise CheckFailed("return a DataFrame with the columns speedup and efficiency added")
-        base = float(original.loc[original["devices"] == 1, "wall_time_s"].iloc[0])
-        for row in got.itertuples():
-            n, time_s = int(row.devices), float(row.wall_time_s)
-            if not math.isclose(row.speedup, base / time_s, rel_tol=1e-9):
-                raise CheckFailed(f"devices={n}: speedup {row.speedup!r}, expected {base / time_s:.4g} = time on 1 "
-                                  f"device ({base:g} s) / time on {n} ({time_s:g} s): take the 1-device row's "
-                                  "time, not the first row's")
-            if not math.isclose(row.efficiency, base / time_s / n, rel_tol=1e-9):
-                raise CheckFailed(f"devices={n}: efficiency {row.efficiency!r}, expected speedup / devices = "
-                                  f"{base / time_s / n:.4g}")
-        if len(got) != len(original):
-            raise CheckFailed(f"{len(got)} rows came back for {len(original)}: keep one row per run")
+    cases = [(table, speedup_table(table, group=None), "on a made-up table") for table in speedup_cases()]
     table = namespace.get("table")
-    message = "speedup and efficiency right on 3 made-up tables"
-    if isinstance(table, pd.DataFrame) and "epoch_mode" in table and not table.empty:
+    real = isinstance(table, pd.DataFrame) and "epoch_mode" in table and not table.empty
+    if real:
         right = table[table["epoch_mode"] == ONE_PASS]
-        got = speedup_efficiency(right.copy()).set_index("run_id")
-        expected = speedup_table(right, group=None).set_index("run_id")
-        for run_id, row in expected.iterrows():
-            if not math.isclose(got.loc[run_id, "speedup"], row["speedup"], rel_tol=1e-9):
-                raise CheckFailed(f"on the lesson's runs, run {run_id}: speedup {got.loc[run_id, 'speedup']!r}, "
-                                  f"expected {row['speedup']:.4g}")
-        message += f" and on the lesson's {len(right)} runs"
-    return message
+        cases.append((right, speedup_table(right, group=None), "on the lesson's runs"))
+    with own_work(speedup_table):
+        for case, expected, where in cases:
+            _compare_speedups(speedup_efficiency(case.copy()), expected, where)
+    message = f"speedup and efficiency right on {len(cases) - real} made-up tables"
+    return message + (f" and on the lesson's {len(cases[-1][0])} runs" if real else "")
 
 
+# --- 5.3 why a run stopped --------------------------------------------------------------------------------------
+
+
+def _replay(losses, delta, patience, threshold, max_epochs) -> tuple[str, int]:
+    from helpers.analysis import stop_reason
+
+    return stop_reason(losses, delta, patience, threshold, max_epochs)
+
+
+def acceptable_reasons(losses, delta, patience, threshold, max_epochs) -> set[str]:
+    """Every reason Lightning's rules give when ``min_delta`` and the threshold move by a rounding error: more
+    than one when a loss sits on a boundary, where either side is right."""
+    thresholds = [None] if threshold is None else [threshold - _EPS, threshold, threshold + _EPS]
+    return {_replay(losses, delta + d, patience, t, max_epochs)[0] for d in (-_EPS, 0.0, _EPS) for t in thresholds}
+
+
+# (val_losses, min_delta, patience, stopping_threshold, max_epochs, reason, why): the rules one at a time
 _STOP_CASES = [
-    # (val_losses, min_delta, patience, stopping_threshold, max_epochs, reason, why)
     ([0.9, 0.7, 0.5, 0.45], 0.01, 10, 0.5, 20, "stopping_threshold",
      "val_loss 0.45 < stopping_threshold 0.5 at the last epoch"),
     ([0.9, 0.7, 0.6], 0.01, 2, None, 3, "max_epochs", "it improved every epoch and reached max_epochs"),
-    ([0.9, 0.895, 0.89], 0.01, 2, None, 10, "patience",
+    ([0.9, 0.895, 0.893], 0.01, 2, None, 10, "patience",
      "changes of 0.005 are not improvements with min_delta 0.01: 2 epochs without improvement = patience 2"),
-    ([0.9, 0.8, 0.85, 0.79, 0.6, 0.61, 0.62], 0.01, 2, None, 7, "patience",
+    ([0.9, 0.8, 0.85, 0.78, 0.6, 0.61, 0.62], 0.01, 2, None, 7, "patience",
      "the wait count resets at each improvement; it reaches 2 at the last epoch"),
     ([0.9, 0.8, 0.81, 0.75], 0.01, 2, None, 4, "max_epochs",
      "one epoch without improvement, then an improvement: patience 2 never runs out"),
-    ([0.9, 0.89, 0.4], 0.01, 1, 0.5, 10, "patience",
-     "patience 1 ran out at epoch 1 (0.89 is not better than 0.9 by more than 0.01), before the threshold"),
+    ([0.9, 0.895, 0.4], 0.01, 1, 0.5, 10, "patience",
+     "patience 1 ran out at epoch 1 (0.895 is not better than 0.9 by more than 0.01), before the threshold"),
     ([0.9, 0.45], 0.01, 1, 0.5, 2, "stopping_threshold",
      "at the last epoch val_loss is below the threshold: the threshold is checked before max_epochs"),
-    ([0.9, 0.9, 0.45], 0.01, 5, 0.45, 3, "max_epochs", "0.45 is not *below* a threshold of 0.45"),
+    ([0.9, 0.505, 0.498], 0.01, 1, 0.5, 10, "stopping_threshold",
+     "0.498 is no improvement on 0.505 by min_delta, but it is below the threshold, which is checked first"),
+    ([1.0, 0.995, 0.988], 0.01, 2, None, 3, "max_epochs",
+     "0.988 improves on the best, 1.0, by more than 0.01: the best moves only at an improvement, not at 0.995"),
 ]
+
+
+def stop_cases(seed: int = 53, count: int = 40) -> list[tuple[list[float], float, int, float | None, int, str]]:
+    """Made-up histories, each cut where Lightning would have stopped it, with no loss near a rule's boundary."""
+    rng = random.Random(seed)
+    cases = []
+    while len(cases) < count:
+        max_epochs, patience = rng.randint(2, 14), rng.randint(1, 4)
+        delta = rng.choice([0.0, 0.005, 0.01, 0.02, 0.05])
+        threshold = None if rng.random() < 0.4 else round(rng.uniform(0.05, 0.5), 3)
+        losses = [rng.uniform(0.6, 2.0)]
+        for _ in range(max_epochs - 1):
+            losses.append(losses[-1] * rng.uniform(0.7, 1.1))
+        reason, epoch = _replay(losses, delta, patience, threshold, max_epochs)
+        losses = losses[:epoch + 1]
+        if acceptable_reasons(losses, delta, patience, threshold, max_epochs) == {reason}:
+            cases.append((losses, delta, patience, threshold, max_epochs, reason))
+    return cases
+
+
+def _why(losses, delta, patience, threshold, max_epochs, reason) -> str:
+    """A one-line explanation of a made-up case's answer."""
+    if reason == "stopping_threshold":
+        return f"val_loss {losses[-1]:.4f} < stopping_threshold {threshold}"
+    if reason == "patience":
+        return f"{patience} epoch(s) in a row without val_loss < best - min_delta"
+    return "no rule fired before max_epochs"
 
 
 @register("5.3")
 def why_runs_stopped(namespace) -> str:
-    """``why_stopped(val_losses, min_delta, patience, stopping_threshold, max_epochs)``: Lightning's rule."""
-    from helpers.analysis import val_loss_histories
+    """``why_stopped(val_losses, min_delta, patience, stopping_threshold, max_epochs)``: Lightning's rules."""
+    from helpers.analysis import stop_reason, stop_reasons, val_loss_histories
 
     why_stopped = require(namespace, "why_stopped")
     require_implemented(why_stopped)
-    for losses, delta, patience, threshold, max_epochs, reason, why in _STOP_CASES:
-        got = why_stopped(list(losses), delta, patience, threshold, max_epochs)
-        if got is None:
-            raise NotAttempted("why_stopped returns nothing yet")
-        if got != reason:
-            raise CheckFailed(f"why_stopped({losses}, min_delta={delta}, patience={patience}, "
-                              f"stopping_threshold={threshold}, max_epochs={max_epochs}) = {got!r}, expected "
-                              f"{reason!r}: {why}")
+    cases = [(losses, d, p, t, m, {r}, why) for losses, d, p, t, m, r, why in _STOP_CASES]
+    cases += [(losses, d, p, t, m, {r}, _why(losses, d, p, t, m, r)) for losses, d, p, t, m, r in stop_cases()]
+    made_up = len(cases)
     table = namespace.get("table")
-    if not isinstance(table, pd.DataFrame) or table.empty:
-        return f"right on {len(_STOP_CASES)} made-up histories"
-    histories = val_loss_histories(table, _uri(namespace))
-    for row in table.itertuples():
-        threshold = None if math.isnan(row.stopping_threshold) else row.stopping_threshold
-        got = why_stopped(histories[row.run_id], row.min_delta, int(row.patience), threshold, int(row.max_epochs))
-        if got != row.logged_stop_reason:
-            raise CheckFailed(f"run {row.run_id} ({row.devices} devices, {row.epoch_mode}): {got!r} from its "
-                              f"val_loss history {[round(v, 4) for v in histories[row.run_id]]}, but Lightning "
-                              f"reported {row.logged_stop_reason!r}")
-    return f"right on {len(_STOP_CASES)} made-up histories and on the lesson's {len(table)} runs"
+    if isinstance(table, pd.DataFrame) and not table.empty:
+        histories = val_loss_histories(table, _uri(namespace))
+        for row in table.itertuples():
+            losses = histories[row.run_id]
+            threshold = None if math.isnan(row.stopping_threshold) else float(row.stopping_threshold)
+            settings = (float(row.min_delta), int(row.patience), threshold, int(row.max_epochs))
+            accepted = {row.logged_stop_reason} | acceptable_reasons(losses, *settings) - {"unknown"}
+            cases.append((losses, *settings, accepted,
+                          f"Lightning reported {row.logged_stop_reason!r} for run {row.run_id} ({row.devices} "
+                          f"devices, {row.epoch_mode})"))
+    with own_work(stop_reason, stop_reasons):
+        for losses, delta, patience, threshold, max_epochs, accepted, why in cases:
+            got = _returned(why_stopped(list(losses), delta, patience, threshold, max_epochs), "why_stopped")
+            if got not in accepted:
+                raise CheckFailed(f"why_stopped({[round(v, 4) for v in losses]}, min_delta={delta}, "
+                                  f"patience={patience}, stopping_threshold={threshold}, max_epochs={max_epochs}) = "
+                                  f"{got!r}, expected {' or '.join(map(repr, sorted(accepted)))}: {why}")
+    real = len(cases) - made_up
+    return f"right on {made_up} made-up histories" + (f" and on the lesson's {real} runs" if real else "")
+
+
+# --- 5.4 rows per epoch -----------------------------------------------------------------------------------------
+
+
+def epoch_cases(seed: int = 54, count: int = 12) -> list[tuple[int, int, int]]:
+    """(rows, batch_size, devices): the lesson's sizes and generated ones, some not divisible."""
+    rng = random.Random(seed)
+    cases = [(1438, 32, 1), (1438, 32, 2), (2936, 64, 8)]
+    cases += [(rng.randint(50, 6000), rng.choice([8, 16, 32, 64, 128]), rng.randint(1, 16)) for _ in range(count)]
+    return cases
 
 
 @register("5.4")
 def rows_read_per_epoch(namespace) -> str:
     """``rows_per_epoch(rows, batch_size, devices, epoch_mode)``: training rows all devices read in one epoch."""
-    import math as m
+    from helpers.training import steps_per_epoch
 
     rows_per_epoch = require(namespace, "rows_per_epoch")
     require_implemented(rows_per_epoch)
-    for rows, batch, devices in [(1438, 32, 1), (1438, 32, 2), (3670, 64, 4), (3670, 64, 8), (100, 10, 3)]:
-        right = m.ceil(rows / (batch * devices)) * batch * devices
-        wrong = m.ceil(rows / batch) * batch * devices * devices
-        for mode, expected, hint in [
-            ("one_pass", right, "steps = ceil(rows / (batch_size x devices)), each device reads batch_size rows a "
-                                "step"),
-            ("fixed_steps", wrong, "steps stay at the 1-device ceil(rows / batch_size) while each device reads "
-                                   "batch_size x devices rows a step"),
-        ]:
-            got = rows_per_epoch(rows, batch, devices, mode)
-            if got is None:
-                raise NotAttempted("rows_per_epoch returns nothing yet")
-            if got != expected:
-                raise CheckFailed(f"rows_per_epoch({rows}, {batch}, {devices}, {mode!r}) = {got!r}, expected "
-                                  f"{expected}: {hint}")
-    passes = m.ceil(3670 / 64) * 64 * 8 * 8 / 3670
+    with own_work(steps_per_epoch):
+        for rows, batch, devices in epoch_cases():
+            for mode, expected, hint in [
+                ("one_pass", math.ceil(rows / (batch * devices)) * batch * devices,
+                 "steps = ceil(rows / (batch_size x devices)), each device reads batch_size rows a step"),
+                ("fixed_steps", math.ceil(rows / batch) * batch * devices * devices,
+                 "steps stay at the 1-device ceil(rows / batch_size) while each device reads batch_size x devices "
+                 "rows a step"),
+            ]:
+                what = f"rows_per_epoch({rows}, {batch}, {devices}, {mode!r})"
+                got = whole_number(_returned(rows_per_epoch(rows, batch, devices, mode), "rows_per_epoch"), what)
+                if got != expected:
+                    raise CheckFailed(f"{what} = {got!r}, expected {expected}: {hint}")
+    passes = math.ceil(3670 / 64) * 64 * 8 * 8 / 3670
     return f"right: one 'epoch' on 8 devices the original way (3,670 images, batch 64) is {passes:.0f} passes"
+
+
+# --- 5.5 the sweep plan -----------------------------------------------------------------------------------------
+
+
+def plan_cases(seed: int = 55, count: int = 10) -> list[tuple[int, dict[str, Any]]]:
+    """(max_devices, base_settings): device limits that are and are not powers of two, data sets small enough
+    that the largest counts get no full batch, other settings and extra keys that must pass through unchanged."""
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(count):
+        batch = rng.choice([8, 16, 32, 64, 128])
+        base = {"batch_size": batch, "learning_rate": round(10 ** rng.uniform(-5, -1), 7),
+                "train_rows": rng.randint(2 * batch, 40 * batch), "seed": rng.randint(0, 99),
+                "max_epochs": rng.randint(3, 100), "min_delta": rng.choice([0.0, 0.005, 0.01]),
+                "patience": rng.randint(1, 10), "stopping_threshold": rng.choice([None, 0.55, 0.12])}
+        if rng.random() < 0.5:
+            base["image_size"] = rng.choice([16, 32, 224])
+        cases.append((rng.choice([1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 64]), base))
+    return cases
+
+
+def _plan_rows(plan: Any) -> list[Mapping[str, Any]]:
+    """The runs of a plan: a list (or tuple) of dicts."""
+    _returned(plan, "sweep_plan")
+    if not isinstance(plan, (list, tuple)) or not all(isinstance(run, Mapping) for run in plan):
+        raise CheckFailed(f"sweep_plan returned a {type(plan).__name__}: return a list of dicts, one per run")
+    if any("devices" not in run for run in plan):
+        raise CheckFailed("every run of the plan needs a 'devices' entry")
+    return sorted(plan, key=lambda run: whole_number(run["devices"], "a run's 'devices'"))
+
+
+def _device_hint(got: list[int], expected: list[int], max_devices: int, batch: int, rows: int) -> str:
+    """Which rule a wrong list of device counts breaks."""
+    if 1 not in got:
+        return "start at 1 device: the baseline every speedup is measured against"
+    if max_devices in expected and max_devices not in got:
+        return "include max_devices itself: the full node is the run the sweep is for"
+    if any(n * batch > rows for n in got if n > 1):
+        return (f"leave out device counts at which a device gets no full batch ({rows} rows, {batch} per device: "
+                "devices x batch_size <= train_rows)")
+    if len(set(got)) != len(got):
+        return "launch each device count once"
+    return "double from 1 (1, 2, 4, 8, ...) up to max_devices, and add max_devices itself"
+
+
+def _same(got: Any, expected: Any) -> bool:
+    """``got`` is ``expected``: equal, or the same number of another type (numpy scalars too)."""
+    if expected is None:
+        return got is None
+    if isinstance(expected, (int, float)) and not isinstance(expected, bool):
+        return close(got, expected)
+    return bool(got == expected)
+
+
+def _check_run(run: Mapping[str, Any], expected: Mapping[str, Any], where: str) -> None:
+    """Fail unless one planned run holds the right settings, with a hint naming the rule it breaks."""
+    n = expected["devices"]
+    rules = [
+        ("batch_size", "hold the per-device batch_size fixed: each device reads as much per step as on 1"),
+        ("global_batch_size", "global_batch_size = batch_size x devices: the batch all devices take in one step"),
+        ("steps_per_epoch", "steps_per_epoch = ceil(train_rows / global_batch_size): one pass over the data "
+                            "per epoch on any device count"),
+    ]
+    for key, hint in rules:
+        got = run.get(key)
+        if got is None or whole_number(got, f"{where}: {key}") != expected[key]:
+            raise CheckFailed(f"{where}, {n} devices: {key} {got!r}, expected {expected[key]}: {hint}")
+    if not close(run.get("learning_rate"), expected["learning_rate"], 1e-6):
+        raise CheckFailed(f"{where}, {n} devices: learning_rate {run.get('learning_rate')!r}, expected "
+                          f"{expected['learning_rate']:.4g}: scale the 1-device rate linearly with the devices "
+                          "(each step averages gradients over devices x more images)")
+    for key, value in expected.items():
+        if key in ("devices", "learning_rate") or key in dict(rules):
+            continue
+        if key not in run or not _same(run[key], value):
+            raise CheckFailed(f"{where}, {n} devices: {key} {run.get(key, 'missing')!r}, expected {value!r}: keep "
+                              "every other setting of base_settings (seed, data, early stopping) as it is")
+
+
+@register("5.5")
+def sweep_is_like_for_like(namespace) -> str:
+    """``sweep_plan(max_devices, base_settings)``: the runs of the sweep, compared with ``plan_sweep``."""
+    from helpers.analysis import plan_sweep
+    from helpers.training import steps_per_epoch
+
+    sweep_plan = require(namespace, "sweep_plan")
+    require_implemented(sweep_plan)
+    cases = [(m, base, "a made-up sweep") for m, base in plan_cases()]
+    counts, base = namespace.get("DEVICE_COUNTS"), namespace.get("base_settings")
+    if isinstance(base, dict) and counts:
+        cases.append((max(counts), dict(base), "the lesson's sweep"))
+    expected = [plan_sweep(m, base) for m, base, _ in cases]
+    with own_work(plan_sweep, steps_per_epoch):
+        for (max_devices, base, where), runs in zip(cases, expected):
+            given = dict(base)
+            plan = _plan_rows(sweep_plan(max_devices, given))
+            where = f"{where} (max_devices={max_devices}, base_settings={base})"
+            if given != base:
+                raise CheckFailed(f"{where}: sweep_plan changed base_settings: copy it for each run "
+                                  "(dict(base_settings)) instead")
+            got = [int(run["devices"]) for run in plan]
+            want = [run["devices"] for run in runs]
+            if got != want:
+                hint = _device_hint(got, want, max_devices, base["batch_size"], base["train_rows"])
+                raise CheckFailed(f"{where}: devices {got}, expected {want}: {hint}")
+            for run, right in zip(plan, runs):
+                _check_run(run, right, where)
+    lesson = [run["devices"] for run in expected[-1]] if cases[-1][2] == "the lesson's sweep" else None
+    return (f"right on {len(cases)} sweeps" + (f"; this lesson runs devices {lesson}" if lesson else "")
+            + ": per-device batch fixed, learning rate x devices, one pass per epoch, everything else unchanged")
+
+
+# --- 5.6 (stretch) the serial fraction --------------------------------------------------------------------------
+
+
+def karp_flatt(speedup: float, devices: int) -> float:
+    """The experimentally determined serial fraction ``(1/S - 1/n) / (1 - 1/n)`` (Karp and Flatt, 1990)."""
+    return (1 / speedup - 1 / devices) / (1 - 1 / devices)
+
+
+def serial_cases(seed: int = 56, count: int = 12) -> list[tuple[float, int]]:
+    """(speedup, devices) with devices >= 2: sub-linear, linear, super-linear and slower-than-one-device points."""
+    import numpy as np
+
+    rng = random.Random(seed)
+    cases: list[tuple[Any, Any]] = [(1.6, 2), (2.0, 2), (3.1, 4), (0.8, 2)]
+    for _ in range(count):
+        n = rng.choice([2, 3, 4, 6, 8, 16, 64])
+        cases.append((round(n * rng.uniform(0.2, 1.1), 4), n))
+    return cases + [(np.float64(s), np.int64(n)) for s, n in cases[:3]]
+
+
+@register("5.6")
+def serial_fraction_measured(namespace) -> str:
+    """``serial_fraction(speedup, devices)``: the Karp-Flatt metric, on generated points and the lesson's runs."""
+    serial_fraction = require(namespace, "serial_fraction")
+    require_implemented(serial_fraction)
+    for speedup, n in serial_cases():
+        got = _returned(serial_fraction(speedup, n), "serial_fraction")
+        expected = karp_flatt(float(speedup), int(n))
+        if not close(got, expected, 1e-6):
+            raise CheckFailed(f"serial_fraction({speedup}, {n}) = {got!r}, expected {expected:.4g} = "
+                              "(1/speedup - 1/devices) / (1 - 1/devices)")
+    right = namespace.get("right")
+    if not isinstance(right, pd.DataFrame) or not {"speedup", "devices"} <= set(right.columns):
+        return f"right on {len(serial_cases())} made-up points"
+    measured = ", ".join(f"{int(r.devices)} devices {karp_flatt(float(r.speedup), int(r.devices)):.2f}"
+                         for r in right.itertuples() if r.devices > 1)
+    return f"right; serial fraction of this lesson's runs: {measured or 'no multi-device run'}"
