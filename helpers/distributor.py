@@ -28,6 +28,7 @@ storage (DBFS, a volume, S3/ABFS) that every worker reads and writes; on the loc
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -37,6 +38,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -61,6 +63,7 @@ __all__ = [
     "train_hvd",
     "train_process",
     "train_with_distributor",
+    "watched_job",
 ]
 
 LAUNCHERS = ("horovod", "torch_distributor")
@@ -388,6 +391,24 @@ class _Watchdog(threading.Thread):
                     return
 
 
+@contextlib.contextmanager
+def watched_job(spark, num_processes: int) -> Iterator[_Watchdog]:
+    """Run the distributed TorchDistributor job started inside the block under a :class:`_Watchdog`: cancelled as
+    soon as one of its tasks fails or an executor is lost (not retried by Spark); ``watchdog.reason`` says why."""
+    sc = spark.sparkContext
+    group = f"torch-distributor-{uuid.uuid4().hex}"
+    sc.setJobGroup(group, "TorchDistributor training", interruptOnCancel=True)
+    watchdog = _Watchdog(spark, group, executors_needed=num_processes)
+    watchdog.start()
+    try:
+        yield watchdog
+    finally:
+        watchdog.done.set()
+        watchdog.join()
+        for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
+            sc.setLocalProperty(key, None)
+
+
 def _summarise(error: BaseException) -> str:
     """The most telling line of a failed TorchDistributor job: the training process's last Python error, else
     torchrun's return code, else the first line of Spark's error."""
@@ -435,40 +456,41 @@ def train_with_distributor(
     kwargs = dict(train_converter=train_converter, val_converter=val_converter,
                   class_count=class_count, settings=settings, num_processes=num_processes, local_mode=local_mode,
                   threads=_threads_per_process(spark, num_processes, local_mode), job_dir=str(job_dir))
-    watchdog = None
-    group = f"torch-distributor-{job_dir.name}"
-    if fail_fast and not local_mode:
-        spark.sparkContext.setJobGroup(group, "TorchDistributor training", interruptOnCancel=True)
-        watchdog = _Watchdog(spark, group, executors_needed=num_processes)
-        watchdog.start()
+    watch = watched_job(spark, num_processes) if fail_fast and not local_mode else contextlib.nullcontext()
     started = time.monotonic()
-    try:
-        returned = distributor.run(_ddp_process, **kwargs)
-        result_file = job_dir / _RESULT_FILE
-        if not isinstance(returned, TrainResult) and result_file.exists():
-            returned = cloudpickle.loads(result_file.read_bytes())
-        return returned
-    except Exception as exc:
-        elapsed = time.monotonic() - started
-        fail_open_mlflow_runs(job_dir)
-        rank_error, collateral = _rank_error(job_dir)
-        # a rank's own error first; a lost executor (no Python error) before the errors it caused on other ranks
-        if rank_error and not collateral:
-            reason = rank_error
-        else:
-            reason = (watchdog and watchdog.reason) or rank_error or _summarise(exc)
-        last = _last_checkpoint(settings.default_dir)
-        resume = (f"rerun with ckpt_restore={last!r} to continue from its last checkpoint" if last
-                  else "no checkpoint was written yet: rerun from the start")
-        mode = "on the driver" if local_mode else "on Spark workers"
-        message = (f"TorchDistributor training with {num_processes} processes {mode} failed after {elapsed:.0f} s: "
-                   f"{reason}. The job was stopped; {resume}.")
-        raise DistributorError(message, reason, last, elapsed) from exc
-    finally:
-        if watchdog is not None:
-            watchdog.done.set()
-            watchdog.join()
-            spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
-            spark.sparkContext.setLocalProperty("spark.job.description", None)
-            spark.sparkContext.setLocalProperty("spark.job.interruptOnCancel", None)
-        shutil.rmtree(job_dir, ignore_errors=True)
+    with watch as watchdog:
+        try:
+            return _run_and_collect(distributor, job_dir, kwargs)
+        except Exception as exc:
+            raise _distributor_error(exc, watchdog, job_dir, settings, num_processes, local_mode,
+                                     time.monotonic() - started) from exc
+        finally:
+            shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def _run_and_collect(distributor, job_dir: Path, kwargs: dict[str, Any]) -> TrainResult:
+    """Run ``_ddp_process`` under ``distributor``; rank 0's result (from its file when ``run`` lost it)."""
+    returned = distributor.run(_ddp_process, **kwargs)
+    result_file = job_dir / _RESULT_FILE
+    if not isinstance(returned, TrainResult) and result_file.exists():
+        returned = cloudpickle.loads(result_file.read_bytes())
+    return returned
+
+
+def _distributor_error(exc: BaseException, watchdog: _Watchdog | None, job_dir: Path, settings: TrainSettings,
+                       num_processes: int, local_mode: bool, elapsed: float) -> DistributorError:
+    """The :class:`DistributorError` for a failed job: the root cause in one line and the checkpoint to resume."""
+    fail_open_mlflow_runs(job_dir)
+    rank_error, collateral = _rank_error(job_dir)
+    # a rank's own error first; a lost executor (no Python error) before the errors it caused on other ranks
+    if rank_error and not collateral:
+        reason = rank_error
+    else:
+        reason = (watchdog and watchdog.reason) or rank_error or _summarise(exc)
+    last = _last_checkpoint(settings.default_dir)
+    resume = (f"rerun with ckpt_restore={last!r} to continue from its last checkpoint" if last
+              else "no checkpoint was written yet: rerun from the start")
+    mode = "on the driver" if local_mode else "on Spark workers"
+    message = (f"TorchDistributor training with {num_processes} processes {mode} failed after {elapsed:.0f} s: "
+               f"{reason}. The job was stopped; {resume}.")
+    return DistributorError(message, reason, last, elapsed)
