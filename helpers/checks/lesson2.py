@@ -89,8 +89,8 @@ class _TinyClassifier(pl.LightningModule):
         self.starts.append({
             "epoch": self.current_epoch,
             "step": self.trainer.global_step,
-            "weights": {k: v.detach().clone() for k, v in self.state_dict().items()},
-            "momentum": {k: v["momentum_buffer"].clone() for k, v in state.items() if "momentum_buffer" in v},
+            "weights": {k: v.detach().cpu().clone() for k, v in self.state_dict().items()},
+            "momentum": {k: v["momentum_buffer"].cpu().clone() for k, v in state.items() if "momentum_buffer" in v},
         })
 
     def on_train_epoch_start(self) -> None:
@@ -133,8 +133,9 @@ def _new_experiment(client, prefix: str) -> tuple[str, str]:
 
 @contextmanager
 def _isolated_mlflow(uri: str) -> Iterator[None]:
-    """Point MLflow at ``uri`` while the answer runs, then restore the tracking URI, the active experiment and
-    autolog as the notebook had them, ending any run the answer left open."""
+    """Point MLflow at ``uri`` while a check trains, then restore the notebook's tracking URI and active
+    experiment, end any run left open and turn autolog off (so a check's fits never log into the notebook's
+    store, and each process-like call starts without the previous one's autolog)."""
     import mlflow
     from mlflow.tracking import _tracking_service, fluent
 
@@ -263,7 +264,7 @@ def lightning_steps(namespace) -> str:
     model = model_class(class_count=classes, learning_rate=0.05, image_size=size)
     helpers = (LitClassificationModel.training_step, LitClassificationModel.validation_step,
                LitClassificationModel._loss_and_accuracy)
-    with _quiet(), own_work(*helpers):
+    with _quiet(), _isolated_mlflow(_tracking_store()), own_work(*helpers):
         output = model.training_step(train[0], 0)
         with torch.no_grad():
             expected = F.cross_entropy(model(train[0]["features"]), train[0]["label_index"])
@@ -450,7 +451,7 @@ def _check_resume(resume, done: int, more: int, steps: int, seed: int) -> None:
     from helpers.training import train
 
     data = _TinyData(steps=steps, seed=seed)
-    with tempfile.TemporaryDirectory() as folder, _quiet():
+    with tempfile.TemporaryDirectory() as folder, _quiet(), _isolated_mlflow(_tracking_store()):
         saver = ModelCheckpoint(dirpath=folder, save_last=True)
         first = _trainer(max_epochs=done, enable_checkpointing=True, callbacks=[saver])
         first.fit(_TinyClassifier(seed=seed + 1), datamodule=data)
