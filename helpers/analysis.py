@@ -124,6 +124,7 @@ def plan_sweep(max_devices: int, base_settings: dict[str, Any]) -> list[dict[str
     linearly (x devices) and ``steps_per_epoch`` for one pass over the data. Sorted by devices.
     """
     batch, rows = base_settings["batch_size"], base_settings["train_rows"]
+    max_devices = int(max_devices)
     counts = {max_devices} | {2 ** k for k in range(max_devices.bit_length()) if 2 ** k <= max_devices}
     return [{**base_settings, "devices": n, "batch_size": batch, "global_batch_size": batch * n,
              "learning_rate": base_settings["learning_rate"] * n, "steps_per_epoch": steps_per_epoch(rows, batch, n)}

@@ -15,8 +15,8 @@ from typing import Any
 
 import pandas as pd
 
-from helpers.checks import CheckFailed, NotAttempted, close, own_work, register, require, require_implemented, \
-    whole_number
+from helpers.checks import (CheckFailed, NotAttempted, close, own_work, register, require, require_implemented,
+                            whole_number)
 
 _EPS = 1e-6  # a loss this close to a rule's boundary may fall either side through float rounding
 
@@ -385,7 +385,8 @@ def sweep_is_like_for_like(namespace) -> str:
         for (max_devices, base, where), runs in zip(cases, expected):
             given = dict(base)
             plan = _plan_rows(sweep_plan(max_devices, given))
-            where = f"{where} (max_devices={max_devices}, base_settings={base})"
+            where = (f"{where} (max_devices={max_devices}, batch_size={base['batch_size']}, "
+                     f"train_rows={base['train_rows']})")
             if given != base:
                 raise CheckFailed(f"{where}: sweep_plan changed base_settings: copy it for each run "
                                   "(dict(base_settings)) instead")
