@@ -1,11 +1,41 @@
 """Checks for lesson 1: from image files to a Delta lake to a PyTorch DataLoader with Petastorm.
 
-Each check runs the student's code on inputs of its own and tests what it does, not how it is written.
+Each check runs the student's code on inputs it generates itself (other class names, counts, fractions, device
+counts, data sizes, shard counts and batch sizes, from a fixed seed so the verdict is the same in every run) and
+tests what the code does, not how it is written. An answer that calls the course helper implementing the exercise
+fails (``own_work``). The Petastorm checks share one small converter of generated images (solid colours, so any
+resize gives known pixels), made once per process.
 """
 
 from __future__ import annotations
 
-from helpers.checks import CheckFailed, register, require, require_implemented
+import functools
+import io
+import itertools
+import math
+import random
+import shutil
+import tempfile
+from collections.abc import Mapping
+from urllib.parse import urlparse
+
+from helpers import lake, loaders
+from helpers.checks import CheckFailed, own_work, register, require_implemented, whole_number
+from helpers.workdir import work_path
+
+SEED = 1
+SYLLABLES = ("ro", "sa", "li", "ta", "mu", "ne", "ki", "po", "da", "fe", "zu", "be")
+# Sample images: label_index k is a solid colour in one file format and colour mode, at random sizes.
+SAMPLE_STYLES = (
+    ((200, 30, 90), "RGB", "PNG"),
+    ((10, 250, 128), "RGB", "JPEG"),
+    ((77, 77, 77), "L", "PNG"),
+    ((5, 100, 220), "RGBA", "PNG"),
+    ((240, 160, 10), "RGB", "PNG"),
+)
+SAMPLE_ROWS = 101
+SAMPLE_FILES = 8
+PIXEL_TOLERANCE = 0.05  # normalised units: about 3 of 255 levels (JPEG)
 
 
 def _spark():
@@ -17,19 +47,35 @@ def _spark():
     return session
 
 
+def _class_names(rng: random.Random, count: int) -> list[str]:
+    """``count`` distinct made-up lowercase class names (no digits, so every way of sorting agrees)."""
+    names: set[str] = set()
+    while len(names) < count:
+        names.add("".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 4))) + rng.choice(("", "s", "_x")))
+    return sorted(names)
+
+
 @register("1.1")
 def label_from_path(label_column) -> str:
     """``label_column(df)`` adds a ``label`` column: the name of the folder an image file sits in."""
     require_implemented(label_column)
-    paths = ["file:/data/flowers/daisy/1.jpg", "file:/x/roses/2.png", "dbfs:/a/b/tulips/3.JPG"]
-    df = _spark().createDataFrame([(p,) for p in paths], ["path"])
-    out = label_column(df)
-    if out is None or "label" not in out.columns:
-        raise CheckFailed("return the DataFrame with a new column named 'label' (df.withColumn('label', ...))")
-    got = {r["path"]: r["label"] for r in out.collect()}
-    expected = dict(zip(paths, ["daisy", "roses", "tulips"]))
+    rng = random.Random(SEED)
+    roots = ("file:/data/flowers", "dbfs:/mnt/lake/raw", "s3a://bucket/images/2024", "file:/tmp/a.b/c")
+    expected = {
+        f"{rng.choice(roots)}/{name}/{rng.randint(1, 9999)}{rng.choice(('.jpg', '.png', '.JPEG'))}": name
+        for name in _class_names(rng, 6)
+        for _ in range(2)
+    }
+    df = _spark().createDataFrame([(path, len(path)) for path in expected], ["path", "length"])
+    with own_work(lake.read_images, lake.ingest_images):
+        out = label_column(df)
+        if out is None or "label" not in out.columns or "path" not in out.columns:
+            raise CheckFailed("return df with a new column named 'label' (df.withColumn('label', ...))")
+        got = {row["path"]: row["label"] for row in out.select("path", "label").collect()}
     if got != expected:
-        raise CheckFailed(f"expected labels {expected}, got {got}: take the name of the folder the file is in")
+        wrong = next(path for path in expected if got.get(path) != expected[path])
+        raise CheckFailed(f"{wrong} got label {got.get(wrong)!r}, expected {expected[wrong]!r}: "
+                          "take the name of the folder the file is in")
     return "labels come from the class folder names"
 
 
@@ -37,89 +83,393 @@ def label_from_path(label_column) -> str:
 def stable_label_indices(label_indices) -> str:
     """``label_indices(labels)`` maps each distinct class name to its position among the sorted names."""
     require_implemented(label_indices)
-    got = label_indices(["tulips", "daisy", "roses", "daisy", "tulips"])
-    if not isinstance(got, dict):
-        raise CheckFailed(f"return a dict from class name to index, got {type(got).__name__}")
-    if got != {"daisy": 0, "roses": 1, "tulips": 2}:
-        raise CheckFailed(f"got {got}: sort the distinct names, then number them from 0")
-    if label_indices(["b", "a"]) != label_indices(["a", "b"]):
-        raise CheckFailed("the index must not depend on the order the files were read in")
+    rng = random.Random(SEED)
+    for count in (2, 5, 11):
+        names = _class_names(rng, count)
+        labels = [rng.choice(names) for _ in range(4 * count)] + names
+        expected = {name: index for index, name in enumerate(names)}
+        for attempt in range(2):
+            rng.shuffle(labels)
+            got = label_indices(list(labels))
+            if not isinstance(got, Mapping):
+                raise CheckFailed(f"return a dict from class name to index, got {type(got).__name__}")
+            got = {name: whole_number(index, "label_indices") for name, index in got.items()}
+            if got != expected:
+                hint = "sort the distinct names, then number them from 0"
+                if attempt:
+                    hint = "the index must not depend on the order the files were read in: sort the names"
+                raise CheckFailed(f"label_indices of {count} classes gave {got}, expected {expected}: {hint}")
     return "indices follow the sorted class names, so they are the same in every run"
+
+
+def _right_counts(n: int, fraction: float) -> set[int]:
+    """The right validation counts: ``n * fraction`` rounded (either way at a half), then kept in 1..n-1."""
+    exact = n * fraction
+    nearest = {math.floor(exact), math.ceil(exact)}
+    rounded = {r for r in nearest if abs(r - exact) <= 0.5 + 1e-9} or nearest
+    return {min(max(r, 1), n - 1) for r in rounded}
 
 
 @register("1.3")
 def validation_count_rule(validation_count) -> str:
     """``validation_count(n, val_fraction)``: images of one class that go to validation."""
     require_implemented(validation_count)
-    cases = [(100, 0.2, 20), (10, 0.25, None), (2, 0.1, 1), (3, 0.9, 2), (1797, 0.2, None)]
-    for n, fraction, exact in cases:
-        got = validation_count(n, fraction)
-        if not isinstance(got, int):
-            raise CheckFailed(f"validation_count({n}, {fraction}) returned {got!r}: return a whole number")
-        if not 1 <= got <= n - 1:
-            raise CheckFailed(f"validation_count({n}, {fraction}) = {got}: every class needs >= 1 image in each split")
-        if exact is not None and got != exact:
-            raise CheckFailed(f"validation_count({n}, {fraction}) = {got}, expected {exact}")
-        if exact is None and abs(got - n * fraction) > 1:
-            raise CheckFailed(f"validation_count({n}, {fraction}) = {got} is more than one image off {n * fraction}")
-    return "every class lands in both splits, within one image of the exact fraction"
+    rng = random.Random(SEED)
+    cases = [(100, 0.2), (10, 0.25), (30, 0.05), (9, 0.3), (2, 0.1), (3, 0.9), (10, 0.01), (5, 0.95), (1797, 0.2)]
+    cases += [(rng.randint(3, 5000), round(rng.uniform(0.02, 0.6), 3)) for _ in range(12)]
+    with own_work(loaders.stratified_split):
+        for n, fraction in cases:
+            got = whole_number(validation_count(n, fraction), f"validation_count({n}, {fraction})")
+            right = _right_counts(n, fraction)
+            if got not in right:
+                expected = " or ".join(map(str, sorted(right)))
+                if not 1 <= got <= n - 1:
+                    raise CheckFailed(f"validation_count({n}, {fraction}) = {got}, expected {expected}: "
+                                      "keep at least 1 and at most n - 1 images in validation")
+                raise CheckFailed(f"validation_count({n}, {fraction}) = {got}, expected {expected}: "
+                                  "round n * val_fraction to the nearest whole image")
+    return f"right on {len(cases)} class sizes and fractions: both splits get every class"
 
 
 @register("1.4")
 def repartition_rule(repartition_for_devices) -> str:
-    """``repartition_for_devices(df, num_devices)`` gives every device at least two non-empty partitions."""
+    """``repartition_for_devices(df, num_devices)`` spreads ``df`` over 2 non-empty partitions per device."""
     from pyspark.sql import functions as F
 
     require_implemented(repartition_for_devices)
-    df = _spark().range(200).coalesce(1)
-    for devices in (1, 2, 3, 8):
-        out = repartition_for_devices(df, devices)
-        parts = out.rdd.getNumPartitions()
-        if parts < 2 * devices:
-            raise CheckFailed(f"{devices} device(s) got {parts} partitions: make at least 2 per device")
-        filled = out.select(F.spark_partition_id().alias("p")).distinct().count()
-        if filled < 2 * devices:
-            raise CheckFailed(f"{devices} device(s): only {filled} partitions hold rows; use df.repartition(n)")
-        if out.count() != 200:
-            raise CheckFailed("repartitioning must keep every row")
-    return "2 partitions per device, none empty"
+    spark = _spark()
+    for rows, partitions, devices in ((150, 1, 1), (500, 64, 3), (2000, 1, 40)):
+        df = spark.range(rows, numPartitions=partitions)
+        with own_work(loaders.partitions_for, loaders.prepare_data):
+            out = repartition_for_devices(df, devices)
+        rows_in = {}
+        for row in out.select(F.spark_partition_id().alias("p"), "id").collect():
+            rows_in.setdefault(row["p"], []).append(row["id"])
+        if len(rows_in) != 2 * devices:
+            raise CheckFailed(f"{rows} rows for {devices} device(s) landed in {len(rows_in)} partitions, expected "
+                              f"{2 * devices} that all hold rows: df.repartition(n) spreads them evenly")
+        if sorted(i for ids in rows_in.values() for i in ids) != list(range(rows)):
+            raise CheckFailed("repartitioning must keep every row exactly once")
+    return "2 non-empty partitions per device, for 1 to 40 devices"
+
+
+# --- Petastorm: a small converter of generated images, shared by the checks below -------------------------------
+
+
+def _encoded_image(style: tuple, size: tuple[int, int]) -> bytes:
+    from PIL import Image
+
+    colour, mode, fmt = style
+    fill = colour[0] if mode == "L" else (*colour, 255) if mode == "RGBA" else colour
+    buffer = io.BytesIO()
+    Image.new(mode, size, fill).save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+@functools.lru_cache(maxsize=1)
+def _sample_rows() -> tuple[tuple, ...]:
+    """Lake-like rows ``(row_id, content, label_index, path, label, width, height)`` of generated images."""
+    rng = random.Random(SEED)
+    ids = rng.sample(range(1, 2**40), SAMPLE_ROWS)
+    rows = []
+    for row_id in ids:
+        label_index = rng.randrange(len(SAMPLE_STYLES))
+        size = (rng.randint(5, 40), rng.randint(5, 40))
+        label = f"class_{label_index}"
+        rows.append((row_id, _encoded_image(SAMPLE_STYLES[label_index], size), label_index,
+                     f"file:/lake/{label}/{row_id}.img", label, *size))
+    return tuple(rows)
+
+
+def _sample_df():
+    """The sample rows as a Spark DataFrame with the lake's columns and ``row_id``."""
+    schema = ("row_id long, content binary, label_index int, path string, label string, width int, height int")
+    return _spark().createDataFrame(list(_sample_rows()), schema)
+
+
+@functools.lru_cache(maxsize=1)
+def _sample_converter():
+    """A Petastorm converter of the sample rows (``loaders.TRAIN_COLUMNS``) in ``SAMPLE_FILES`` Parquet files."""
+    from petastorm.spark import make_spark_converter
+
+    return make_spark_converter(_sample_df().select(loaders.TRAIN_COLUMNS).repartition(SAMPLE_FILES))
+
+
+def _ids_spec():
+    """A TransformSpec that keeps only ``row_id`` and ``label_index`` (no decoding: the shard checks need ids)."""
+    from petastorm import TransformSpec
+
+    columns = ["row_id", "label_index"]
+    return TransformSpec(lambda pdf: pdf[columns], selected_fields=columns)
+
+
+def _opened(loader_or_context):
+    """Enter what an answer returned: Petastorm's context manager, or a loader used as one."""
+    if hasattr(loader_or_context, "__enter__"):
+        return loader_or_context
+    raise CheckFailed(f"return the loader's context manager (converter.make_torch_dataloader(...)), "
+                      f"got {type(loader_or_context).__name__}")
+
+
+def _expected_pixels(label_index: int):
+    """The normalised value of each channel of a sample image of class ``label_index``."""
+    import torch
+
+    colour = torch.tensor(SAMPLE_STYLES[label_index][0], dtype=torch.float32) / 255
+    return (colour - torch.tensor(loaders.IMAGENET_MEAN)) / torch.tensor(loaders.IMAGENET_STD)
+
+
+def _check_image_batch(batch, image_size: int, batch_size: int) -> None:
+    """``batch`` holds float32 CHW images of the sample colours, ImageNet-normalised, and int64 labels."""
+    import torch
+
+    if not isinstance(batch, Mapping) or not {"features", "label_index"} <= set(batch):
+        keys = sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__
+        raise CheckFailed(f"batches hold {keys}: the transform must add 'features' and keep 'label_index'")
+    features, labels = batch["features"], batch["label_index"]
+    expected_shape = (batch_size, 3, image_size, image_size)
+    if tuple(features.shape) != expected_shape:
+        raise CheckFailed(f"features of shape {tuple(features.shape)}, expected {expected_shape}: RGB, "
+                          f"image_size x image_size, channels first (CHW), and edit_fields to match")
+    if features.dtype != torch.float32 or labels.dtype != torch.int64:
+        raise CheckFailed(f"dtypes {features.dtype} / {labels.dtype}, expected torch.float32 / torch.int64: "
+                          "declare them in edit_fields (np.float32, np.int64) and convert in the function")
+    expected = torch.stack([_expected_pixels(int(k)) for k in labels])[:, :, None, None].expand(expected_shape)
+    error = float((features - expected).abs().max())
+    if error > PIXEL_TOLERANCE:
+        raise CheckFailed(f"pixel values off by up to {error:.2f} on solid-colour test images: convert to RGB, scale "
+                          "to [0, 1], then subtract IMAGENET_MEAN and divide by IMAGENET_STD per channel (R, G, B)")
+
+
+LOADER_HINTS = {
+    "string or object": "a batch still holds the encoded bytes: leave 'content' out (selected_fields)",
+    "row major": "features must be C-contiguous arrays: .copy() (or np.ascontiguousarray) after the transpose",
+    "do not match required schema": "the function must return exactly the fields the spec declares "
+    "(edit_fields plus selected_fields)",
+    "broadcast": "every image must come out with 3 channels: image.convert('RGB') (some are grey or RGBA)",
+    "has stopped": "return the context manager itself (converter.make_torch_dataloader(...)), not a loader "
+    "from inside a with block",
+}
+
+
+def _loader_hint(error: Exception) -> str:
+    """A one-line hint for an error Petastorm raised while reading batches through the answer's spec."""
+    hint = next((hint for text, hint in LOADER_HINTS.items() if text in str(error)), None)
+    return f"{type(error).__name__}: {error}" + (f": {hint}" if hint else "")
+
+
+def _first_batch(converter, spec, batch_size: int):
+    with converter.make_torch_dataloader(batch_size=batch_size, num_epochs=1, transform_spec=spec,
+                                         workers_count=2) as loader:
+        return next(iter(loader))
 
 
 @register("1.5")
-def transformed_batch(namespace) -> str:
-    """``batch``: one batch from ``make_loader`` with ``BATCH_SIZE`` and ``IMAGE_SIZE``."""
-    import torch
+def own_transform_spec(transform_spec) -> str:
+    """``transform_spec(image_size)``: a Petastorm TransformSpec that decodes ``content`` into normalised tensors."""
+    from petastorm import TransformSpec
 
-    batch, batch_size, image_size = require(namespace, "batch", "BATCH_SIZE", "IMAGE_SIZE")
-    if not isinstance(batch, dict) or "features" not in batch or "label_index" not in batch:
-        raise CheckFailed("`batch` should be one dict from the loader: next(iter(loader))")
-    features, labels = batch["features"], batch["label_index"]
-    if tuple(features.shape) != (batch_size, 3, image_size, image_size):
-        raise CheckFailed(f"features have shape {tuple(features.shape)}, expected "
-                          f"{(batch_size, 3, image_size, image_size)}: pass batch_size and image_size")
-    if features.dtype != torch.float32 or labels.dtype != torch.int64:
-        raise CheckFailed(f"dtypes {features.dtype}/{labels.dtype}, expected torch.float32/torch.int64")
-    low, high = float(features.min()), float(features.max())
-    if low >= 0 or high > 3 or low < -2.5:
-        raise CheckFailed(f"values in [{low:.2f}, {high:.2f}]: expected ImageNet-normalised values around 0")
-    return f"{batch_size} x 3 x {image_size} x {image_size} float32, normalised to [{low:.2f}, {high:.2f}]"
+    require_implemented(transform_spec)
+    converter = _sample_converter()
+    for image_size, batch_size in ((12, 6), (27, 16)):
+        with own_work(loaders.image_transform_spec, loaders.decode_image, loaders.make_loader):
+            spec = transform_spec(image_size)
+            if not isinstance(spec, TransformSpec):
+                raise CheckFailed(f"return a petastorm TransformSpec, got {type(spec).__name__}")
+            try:
+                batch = _first_batch(converter, spec, batch_size)
+            except (TypeError, ValueError) as error:
+                raise CheckFailed(_loader_hint(error)) from error
+        _check_image_batch(batch, image_size, batch_size)
+    return "RGB, resized, float32 CHW, ImageNet-normalised, int64 labels, at any image size"
+
+
+def _read_shard(shard_loader, converter, shard: int, shard_count: int, batch_size: int) -> list[int]:
+    """The row ids one shard yields (reading at most a little more than the whole data set)."""
+    limit = SAMPLE_ROWS // batch_size + 2
+    with own_work(loaders.make_loader, loaders.PetastormBatches, loaders.prepare_data):
+        try:
+            with _opened(shard_loader(converter, _ids_spec(), shard, shard_count, batch_size)) as loader:
+                batches = [batch["row_id"].tolist() for batch in itertools.islice(loader, limit)]
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise CheckFailed(_loader_hint(error)) from error
+    sizes = [len(ids) for ids in batches]
+    if any(size != batch_size for size in sizes[:-1]) or (sizes and sizes[-1] > batch_size):
+        raise CheckFailed(f"batch sizes {sizes} for batch_size={batch_size}: pass batch_size to the loader")
+    ids = [row_id for batch in batches for row_id in batch]
+    if len(set(ids)) != len(ids):
+        raise CheckFailed(f"shard {shard} of {shard_count} yields rows more than once: read one pass (num_epochs=1)")
+    return ids
 
 
 @register("1.6")
-def disjoint_complete_shards(namespace) -> str:
-    """``read_shard_ids(converter, shard, shard_count)`` returns the row ids one worker reads."""
-    read_shard_ids, converter = require(namespace, "read_shard_ids", "train_converter")
-    shards = [list(read_shard_ids(converter, shard, 2)) for shard in range(2)]
-    if any(not ids for ids in shards):
-        raise CheckFailed(f"shard sizes {[len(s) for s in shards]}: each of 2 workers must get rows (cur_shard)")
-    first, second = set(shards[0]), set(shards[1])
-    if first & second:
-        raise CheckFailed(f"{len(first & second)} rows are in both shards: pass cur_shard and shard_count")
-    total = len(converter)
-    if len(first | second) != total or len(shards[0]) + len(shards[1]) != total:
-        raise CheckFailed(f"the shards hold {len(first | second)} distinct of {total} rows: read one full epoch "
-                          "(num_epochs=1)")
-    share = len(shards[0]) / total
-    return f"2 disjoint shards cover all {total} rows ({share:.0%} / {1 - share:.0%})"
+def disjoint_complete_shards(shard_loader) -> str:
+    """``shard_loader(converter, spec, shard, shard_count, batch_size)``: a loader over one worker's shard."""
+    require_implemented(shard_loader)
+    converter = _sample_converter()
+    every_id = {row[0] for row in _sample_rows()}
+    for shard_count, batch_size in ((2, 7), (3, 16), (5, 4)):
+        shards = [set(_read_shard(shard_loader, converter, shard, shard_count, batch_size))
+                  for shard in range(shard_count)]
+        sizes = [len(ids) for ids in shards]
+        if not all(sizes):
+            raise CheckFailed(f"{shard_count} shards hold {sizes} rows: each worker must get rows (cur_shard, "
+                              "shard_count)")
+        if sum(sizes) != len(set().union(*shards)):
+            raise CheckFailed(f"{shard_count} shards overlap: pass cur_shard=shard and shard_count=shard_count")
+        if set().union(*shards) != every_id:
+            raise CheckFailed(f"{shard_count} shards hold {sum(sizes)} of {len(every_id)} rows: together the shards "
+                              "must read every row")
+    return "disjoint shards that cover every row, for 2, 3 and 5 workers, batches of the size asked for"
 
 
+# --- Delta time travel --------------------------------------------------------------------------------------------
+
+
+def _rows(rng: random.Random, classes: list[str], count: int, tag: str) -> list[tuple[str, str]]:
+    """``count`` rows ``(path, label)`` that hold every one of ``classes``."""
+    labels = list(classes) + [rng.choice(classes) for _ in range(count - len(classes))]
+    return [(f"/lake/{tag}/{label}/{i}.png", label) for i, label in enumerate(labels)]
+
+
+def _damaged_histories(rng: random.Random) -> list[tuple[list[tuple[str, list]], int]]:
+    """Histories of writes ``(mode, rows)``, each with the last version that holds every class.
+
+    Good, good append, bad overwrite, bad append (1); good, bad (0); good, bad, a smaller fix, bad again (2).
+    """
+    histories = []
+    for shape in range(3):
+        names = _class_names(rng, rng.randint(3, 5))
+        dropped, other = rng.sample(names, 2)
+        good = _rows(rng, names, rng.randint(30, 40), f"{shape}-good")
+
+        def without(rows, name):
+            return [row for row in rows if row[1] != name]
+
+        if shape == 0:
+            more = _rows(rng, names, rng.randint(5, 15), "more")
+            tail = _rows(rng, [n for n in names if n != dropped], rng.randint(4, 9), "tail")
+            writes = [("overwrite", good), ("append", more), ("overwrite", without(good + more, dropped)),
+                      ("append", tail)]
+            histories.append((writes, 1))
+        elif shape == 1:
+            histories.append(([("overwrite", good), ("overwrite", without(good, dropped))], 0))
+        else:
+            fixed = _rows(rng, names, rng.randint(8, 15), "fix")
+            writes = [("overwrite", good), ("overwrite", without(good, dropped)), ("overwrite", fixed),
+                      ("overwrite", without(fixed, other))]
+            histories.append((writes, 2))
+    return histories
+
+
+def _write_history(path: str, writes) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    for mode, rows in writes:
+        table = pa.table({"path": [r[0] for r in rows], "label": [r[1] for r in rows]})
+        write_deltalake(path, table, mode=mode)
+
+
+def _paths(path: str, version: int | None = None) -> list[str]:
+    from deltalake import DeltaTable
+
+    return sorted(DeltaTable(path, version=version).to_pyarrow_table(columns=["path"])["path"].to_pylist())
+
+
+@register("1.7")
+def restore_after_bad_write(restore_last_good) -> str:
+    """``restore_last_good(table_path, class_names)`` makes the last version with every class current again."""
+    from deltalake import DeltaTable
+
+    require_implemented(restore_last_good)
+    rng = random.Random(SEED)
+    folder = work_path("checks")
+    folder.mkdir(exist_ok=True)
+    for writes, good_version in _damaged_histories(rng):
+        path = tempfile.mkdtemp(prefix="check-1.7-", dir=folder)
+        try:
+            _write_history(path, writes)
+            last = len(writes) - 1
+            good, damaged = _paths(path, good_version), _paths(path, last)
+            classes = sorted({label for _, label in writes[0][1]}, key=lambda _: rng.random())
+            with own_work(lake.read_table, lake.write_table, lake.table_history, lake.ingest_images):
+                restored_from = restore_last_good(path, classes)
+            table = DeltaTable(path)
+            if table.version() <= last:
+                raise CheckFailed("the table has no new version: restore the good version as a new commit "
+                                  "(DeltaTable.restore, or write_deltalake with mode='overwrite')")
+            if _paths(path) != good:
+                raise CheckFailed(f"after {len(writes)} writes the last version with all {len(classes)} classes is "
+                                  f"{good_version}, but the current table does not hold exactly its rows: look "
+                                  "through the history from the newest version down")
+            if _paths(path, last) != damaged:
+                raise CheckFailed("the bad versions must stay in the history: restore with a new commit")
+            got = whole_number(restored_from, "restore_last_good")
+            if got != good_version:
+                raise CheckFailed(f"returned {got}, but restored version {good_version}: return the version you restored")
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+    return "finds the last good version in the history and makes it current, keeping the history"
+
+
+@register("1.8")
+def converter_for_devices(to_converter) -> str:
+    """``to_converter(df, num_devices)``: a Petastorm converter of the training columns in 2 files per device."""
+    import pyarrow.parquet as pq
+    from petastorm.spark import SparkDatasetConverter
+
+    require_implemented(to_converter)
+    df = _sample_df()
+    for devices in (1, 3):
+        with own_work(loaders.prepare_data):
+            converter = to_converter(df, devices)
+        if not isinstance(converter, SparkDatasetConverter):
+            raise CheckFailed(f"return the converter from make_spark_converter, got {type(converter).__name__}")
+        if len(converter) != SAMPLE_ROWS:
+            raise CheckFailed(f"the converter holds {len(converter)} of {SAMPLE_ROWS} rows: convert the whole df")
+        files = converter.file_urls
+        if len(files) != 2 * devices:
+            raise CheckFailed(f"{devices} device(s) got {len(files)} Parquet files, expected {2 * devices}: "
+                              "repartition to 2 per device before converting")
+        columns = pq.read_schema(urlparse(files[0]).path).names
+        if sorted(columns) != sorted(loaders.TRAIN_COLUMNS):
+            raise CheckFailed(f"the converter holds columns {columns}: select only {loaders.TRAIN_COLUMNS}")
+    return "the training columns, 2 Parquet files per device, every row"
+
+
+@register("1.9")
+def epochs_of_fixed_steps(FixedStepBatches) -> str:
+    """``FixedStepBatches(converter, spec, batch_size, steps_per_epoch, cur_shard, shard_count)``: every epoch
+    yields ``steps_per_epoch`` batches from one reader that stays open (no reset error, no re-read epochs)."""
+    require_implemented(FixedStepBatches.__init__, FixedStepBatches.__iter__, FixedStepBatches.close)
+    converter = _sample_converter()
+    spec = _ids_spec()
+    for shard, shard_count, batch_size, steps in ((0, 1, 8, 3), (1, 2, 5, 2)):
+        with converter.make_torch_dataloader(batch_size=SAMPLE_ROWS, num_epochs=1, transform_spec=spec,
+                                             cur_shard=shard, shard_count=shard_count, workers_count=2) as loader:
+            shard_ids = {row_id for batch in loader for row_id in batch["row_id"].tolist()}
+        per_epoch = batch_size * steps
+        epochs = -(-2 * len(shard_ids) // per_epoch)  # two passes over the shard
+        with own_work(loaders.PetastormBatches, loaders.make_loader):
+            batches = FixedStepBatches(converter, spec, batch_size, steps, cur_shard=shard, shard_count=shard_count)
+            try:
+                if len(batches) != steps:
+                    raise CheckFailed(f"len() is {len(batches)}, expected steps_per_epoch={steps}: Lightning asks it")
+                stream: list[int] = []
+                for epoch in range(epochs):
+                    ids = [batch["row_id"].tolist() for batch in batches]
+                    stream += [row_id for batch in ids for row_id in batch]
+                    sizes = [len(batch) for batch in ids]
+                    if sizes != [batch_size] * steps:
+                        raise CheckFailed(f"epoch {epoch} yielded batches of {sizes} rows, expected {steps} of "
+                                          f"{batch_size}: keep one reader with num_epochs=None open across epochs")
+            finally:
+                batches.close()
+        if not set(stream) <= shard_ids:
+            raise CheckFailed(f"rows from outside shard {shard} of {shard_count}: pass cur_shard and shard_count")
+        first_pass = stream[: len(shard_ids) - batch_size]
+        if len(set(first_pass)) < 0.8 * len(first_pass):
+            raise CheckFailed("epochs re-read the same rows: keep one iterator open and go on where the last epoch "
+                              "stopped")
+    return "every epoch has the same number of full batches, continuing through the shard across epochs"
