@@ -12,6 +12,7 @@ import math
 from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
@@ -197,6 +198,14 @@ def test_5_2_right(namespace, answer):
     status, message = verdict(namespace, "5.2", "speedup_efficiency", answer)
     assert status == "passed", message
     assert "lesson's 2 runs" in message
+
+
+@pytest.mark.parametrize("answer", [s_solution, s_numpy])
+def test_5_2_same_verdict_after_the_run_cell_ran_twice(namespace, answer):
+    table = namespace["table"]
+    again = table[table["devices"] == 1].assign(run_id="run-again", wall_time_s=131.0)
+    status, message = verdict({**namespace, "table": pd.concat([table, again])}, "5.2", "speedup_efficiency", answer)
+    assert status == "passed", message
 
 
 @pytest.mark.parametrize("answer", [s_delegates, s_first_row, s_efficiency_times, s_inverted, s_linear])
