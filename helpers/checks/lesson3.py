@@ -1,91 +1,213 @@
-"""Checks for lesson 3: single-node Horovod. Three of them start 2 real Horovod processes (a few seconds each)."""
+"""Checks for lesson 3: single-node Horovod.
+
+Every check but 3.2 and 3.4 runs the answer in real Horovod processes (a few seconds each), on inputs it makes
+itself: its own world size (3 processes, not the lesson's 2, so a hard-coded 2 fails), data, learning rates and
+gradient accumulation. Inside the workers ``own_work`` rejects answers that hand the step to the course's helpers.
+"""
 
 from __future__ import annotations
 
 import math
+import os
+import sys
+import uuid
+import warnings
+from pathlib import Path
 from typing import Any
 
-from helpers.checks import CheckFailed, NotAttempted, register, require, require_implemented
+import numpy as np
+
+from helpers.checks import (
+    CheckFailed,
+    Delegated,
+    NotAttempted,
+    close,
+    own_work,
+    register,
+    require,
+    require_implemented,
+)
+
+CHECK_SEED = 3
+CHECK_PROCESSES = 3  # not the lesson's 2: an answer that hard-codes 2 processes fails
+SYNCED = 1e-6  # largest weight difference between ranks that counts as identical
 
 
-def _shard_job(my_shard_ids, converter) -> list[list[int]]:
-    """In each Horovod process: the student's shard reader; rank 0 returns every rank's ids."""
+def _launch(processes: int, job, **kwargs: Any) -> Any:
+    """Run ``job(**kwargs)`` on ``processes`` local Horovod processes; rank 0's result.
+
+    A worker's error becomes a :class:`CheckFailed` naming the rank and its last line (a :class:`Delegated` stays
+    one), so a crashing answer reads as a hint rather than a traceback.
+    """
+    from helpers.horovod_runner import HorovodRunner, HorovodWorkerError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # more processes than cores on a laptop is fine for a check
+            return HorovodRunner(np=-processes).run(job, **kwargs)
+    except HorovodWorkerError as error:
+        lines = (error.worker_traceback or str(error)).strip().splitlines()
+        last = lines[-1] if lines else str(error)
+        if "Delegated" in last:
+            raise Delegated(last.split(": ", 1)[-1]) from None
+        raise CheckFailed(f"rank {error.rank} of {processes} raised {last}") from None
+
+
+def _loaded(*paths: str) -> list[Any]:
+    """The helpers named ``module:attribute`` whose modules are already imported (an answer that uses one has
+    imported it by then), for ``own_work`` in a worker without paying for imports such as Lightning's."""
+    found = []
+    for path in paths:
+        module, name = path.split(":")
+        if module in sys.modules:
+            found.append(getattr(sys.modules[module], name))
+    return found
+
+
+def _flat_weights(module) -> list[float]:
+    """All of a module's parameters and buffers as one list of floats."""
+    return [float(x) for t in module.state_dict().values() for x in t.detach().float().flatten().tolist()]
+
+
+def _spread(per_rank: list[list[float]]) -> float:
+    """The largest difference between any rank's values and rank 0's."""
+    return max(max(abs(a - b) for a, b in zip(per_rank[0], other)) for other in per_rank)
+
+
+# --- 3.1 --------------------------------------------------------------------------------------------------------
+
+
+def _shard_job(my_shard_ids, converters) -> list[list[list[int]]]:
+    """In each Horovod process: the answer's shard of each converter; rank 0 returns every rank's ids."""
     import horovod.torch as hvd
 
-    ids = [int(i) for i in my_shard_ids(converter)]
+    with own_work(*_loaded("helpers.datamodule:PetastormDataModule", "helpers.loaders:PetastormBatches")):
+        ids = [[int(i) for i in my_shard_ids(converter)] for converter in converters]
+    hvd.init()
     return hvd.allgather_object(ids)
 
 
-def _wrap_job(make_distributed) -> dict[str, Any]:
-    """In each Horovod process: a model initialised differently per rank takes one step on rank-specific data."""
-    import horovod.torch as hvd
-    import torch
-
-    hvd.init()
-    torch.manual_seed(hvd.rank())
-    model = torch.nn.Linear(4, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    distributed = make_distributed(model, optimizer, 1)
-    features = torch.randn(8, 4, generator=torch.Generator().manual_seed(10 + hvd.rank()))
-    distributed.zero_grad()
-    model(features).pow(2).mean().backward()
-    distributed.step()
-    weights = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
-    # hvd.DistributedOptimizer makes a subclass of the optimizer's own class that adds `synchronize`.
-    return {"distributed": hasattr(distributed, "synchronize"), "optimizer": type(distributed).__name__,
-            "weights": hvd.allgather_object(weights)}
+def _shard_problem(shards: list[list[int]], rows: int) -> str | None:
+    """Why ``shards`` (one list of row ids per rank) are not one epoch split into disjoint shards, or None."""
+    sizes = [len(s) for s in shards]
+    if min(sizes) == 0:
+        return f"shard sizes {sizes}: use cur_shard=hvd.rank(), shard_count=hvd.size()"
+    if sum(len(set(s)) for s in shards) != len(set().union(*shards)):
+        return "two ranks read the same rows: shard by hvd.rank() and hvd.size()"
+    if len(set().union(*shards)) != rows:
+        return f"the ranks read {len(set().union(*shards))} of {rows} rows: read one full epoch (num_epochs=1)"
+    return None
 
 
 @register("3.1")
 def init_and_shard(namespace) -> str:
     """``my_shard_ids(converter)``: after ``hvd.init()``, the row ids of this rank's shard, one full epoch."""
-    from helpers.horovod_runner import HorovodRunner
+    my_shard_ids, train_converter, val_converter = require(
+        namespace, "my_shard_ids", "train_converter", "val_converter"
+    )
+    converters = [train_converter, val_converter]
+    # Petastorm shards by Parquet file: never ask for more shards than the smallest converter has files.
+    processes = min(CHECK_PROCESSES, *(len(c.file_urls) for c in converters))
+    per_converter = zip(*_launch(processes, _shard_job, my_shard_ids=my_shard_ids, converters=converters))
+    for converter, shards in zip(converters, per_converter):
+        problem = _shard_problem(list(shards), len(converter))
+        if problem:
+            raise CheckFailed(problem)
+    return f"{processes} ranks read disjoint shards that cover the training and the validation data"
 
-    my_shard_ids, converter = require(namespace, "my_shard_ids", "train_converter")
-    shards = HorovodRunner(np=-2).run(_shard_job, my_shard_ids=my_shard_ids, converter=converter)
-    first, second = (set(s) for s in shards)
-    if not first or not second:
-        raise CheckFailed(f"shard sizes {[len(s) for s in shards]}: use cur_shard=hvd.rank(), shard_count=hvd.size()")
-    if first & second:
-        raise CheckFailed("both ranks read the same rows: shard by hvd.rank() and hvd.size()")
-    if len(first | second) != len(converter):
-        raise CheckFailed(f"the ranks read {len(first | second)} of {len(converter)} rows: read one full epoch")
-    return f"2 ranks read disjoint shards ({len(first)} + {len(second)} rows)"
+
+# --- 3.2 --------------------------------------------------------------------------------------------------------
 
 
 @register("3.2")
 def learning_rate_scaling(scaled_learning_rate) -> str:
     """``scaled_learning_rate(base_lr, world_size)``: the learning rate grows with the number of processes."""
     require_implemented(scaled_learning_rate)
-    for base, size in [(1e-5, 1), (1e-5, 4), (0.02, 2), (0.1, 8)]:
+    rng = np.random.default_rng(CHECK_SEED)
+    cases = [(1e-5, 1), (0.02, 2)]
+    cases += [(float(10 ** rng.uniform(-5, -1)), int(rng.integers(3, 65))) for _ in range(4)]
+    for base, size in cases:
         got = scaled_learning_rate(base, size)
-        if not isinstance(got, (int, float)) or not math.isclose(got, base * size):
-            raise CheckFailed(f"scaled_learning_rate({base}, {size}) = {got!r}, expected {base * size}: each step "
-                              "averages gradients over world_size times more images")
+        if isinstance(got, bool) or not close(got, base * size):
+            raise CheckFailed(f"scaled_learning_rate({base:.3g}, {size}) = {got!r}, expected {base * size:.3g}: "
+                              "each step averages gradients over world_size times more images")
     return "learning rate x world size, as the global batch grows"
+
+
+# --- 3.3 --------------------------------------------------------------------------------------------------------
+
+
+def _wrap_job(make_distributed, passes_cases: list[int]) -> list[dict[str, Any]]:
+    """In each Horovod process, per case: a model initialised differently per rank, ``make_distributed``, then
+    one optimizer step made of ``passes`` backward passes on rank-specific data."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    results = []
+    for case, passes in enumerate(passes_cases):
+        torch.manual_seed(100 * case + hvd.rank())
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        calls: dict[str, Any] = {}
+        with _Spy(hvd, ["broadcast_optimizer_state"], calls), \
+                own_work(*_loaded("helpers.horovod_strategy:HorovodStrategy")):
+            distributed = make_distributed(model, optimizer, passes)
+        if distributed is None:
+            return None
+        started = {"weights": _flat_weights(model), "state_broadcast": bool(calls)}
+        distributed.zero_grad()
+        for _ in range(passes):
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+        distributed.step()
+        results.append({
+            "distributed": hasattr(distributed, "synchronize"), "optimizer": type(distributed).__name__,
+            "passes": getattr(distributed, "backward_passes_per_step", None),
+            "started": hvd.allgather_object(started), "weights": hvd.allgather_object(_flat_weights(model)),
+        })
+    return results
 
 
 @register("3.3")
 def distributed_optimizer(make_distributed) -> str:
     """``make_distributed(model, optimizer, backward_passes_per_step)``: broadcast, then DistributedOptimizer."""
-    from helpers.horovod_runner import HorovodRunner
-
     require_implemented(make_distributed)
-    result = HorovodRunner(np=-2).run(_wrap_job, make_distributed=make_distributed)
-    if result is None:
+    passes_cases = [1, 3]
+    results = _launch(CHECK_PROCESSES, _wrap_job, make_distributed=make_distributed, passes_cases=passes_cases)
+    if results is None:
         raise NotAttempted("make_distributed returns nothing yet")
-    if not result["distributed"]:
-        raise CheckFailed(f"returned a {result['optimizer']}: return hvd.DistributedOptimizer(...)")
-    first, second = result["weights"]
-    if max(abs(a - b) for a, b in zip(first, second)) > 1e-6:
-        raise CheckFailed("after one step the 2 ranks have different weights: broadcast the parameters and the "
-                          "optimizer state from rank 0, and average gradients with DistributedOptimizer")
-    return "both ranks start from rank 0's weights and stay identical after a step"
+    for passes, result in zip(passes_cases, results):
+        if not result["distributed"]:
+            raise CheckFailed(f"returned a {result['optimizer']}: return hvd.DistributedOptimizer(...)")
+        if result["passes"] != passes:
+            raise CheckFailed(f"backward_passes_per_step={passes} became {result['passes']}: pass it on to "
+                              "hvd.DistributedOptimizer")
+        if _spread([s["weights"] for s in result["started"]]) > SYNCED:
+            raise CheckFailed("the ranks start from different weights: hvd.broadcast_parameters(model.state_dict(), "
+                              "root_rank=0)")
+        if not all(s["state_broadcast"] for s in result["started"]):
+            raise CheckFailed("broadcast the optimizer state too (momentum buffers, e.g. after a resume): "
+                              "hvd.broadcast_optimizer_state(optimizer, root_rank=0)")
+        if _spread(result["weights"]) > SYNCED:
+            raise CheckFailed("after one step the ranks have different weights: average the gradients with "
+                              "hvd.DistributedOptimizer(optimizer, named_parameters=...)")
+    return (f"{CHECK_PROCESSES} ranks start from rank 0's weights and stay identical, with 1 and 3 backward "
+            "passes per step")
+
+
+# --- 3.4 --------------------------------------------------------------------------------------------------------
+
+
+def _concurrent_runs(client, run) -> int:
+    """How many runs of ``run``'s experiment were open while it was (itself included)."""
+    end = run.info.end_time or run.info.start_time
+    candidates = client.search_runs([run.info.experiment_id], f"attributes.start_time <= {end}")
+    return sum(1 for other in candidates if (other.info.end_time or end) >= run.info.start_time)
 
 
 @register("3.4")
 def horovod_training(namespace) -> str:
-    """``hvd_result``: the TrainResult rank 0 returned from ``train_hvd`` run with 2 processes."""
+    """``hvd_result``: the TrainResult rank 0 returned from ``train_hvd`` run with ``NUM_PROCESSES`` processes."""
     from mlflow.tracking import MlflowClient
 
     from helpers.tracking import tracking_uri
@@ -93,22 +215,342 @@ def horovod_training(namespace) -> str:
     result = require(namespace, "hvd_result")
     if result is None:
         raise NotAttempted("train_hvd returns nothing yet: return what train(...) returns")
+    processes = namespace.get("NUM_PROCESSES", 2)
     if not getattr(result, "mlflow_run_id", None):
         raise CheckFailed("no MLflow run id: pass mlflow_experiment to train(...) (it logs on rank 0 only)")
     client = MlflowClient(tracking_uri(namespace.get("MLFLOW_TRACKING_URI")))
     run = client.get_run(result.mlflow_run_id)
     params = run.data.params
-    if params.get("world_size") != "2":
-        raise CheckFailed(f"world_size={params.get('world_size')}: train with strategy=HorovodStrategy()")
+    if params.get("world_size") != str(processes):
+        raise CheckFailed(f"world_size={params.get('world_size')}, expected {processes}: train with "
+                          "strategy=HorovodStrategy() in every process")
     base, effective = float(params["learning_rate"]), float(params.get("effective_learning_rate", "nan"))
-    if not math.isclose(effective, 2 * base):
-        raise CheckFailed(f"effective learning rate {effective} is not 2 x {base}")
-    started = run.info.start_time
-    siblings = client.search_runs([run.info.experiment_id],
-                                  f"attributes.start_time >= {started - 60_000} and "
-                                  f"attributes.start_time <= {started + 60_000}")
-    if len(siblings) > 1:
-        raise CheckFailed(f"{len(siblings)} MLflow runs for one training: only rank 0 may log")
-    if result.val_acc is None or result.val_acc < 0.8:
-        raise CheckFailed(f"val_acc {result.val_acc}: the model did not learn enough (expected >= 0.8)")
-    return f"one MLflow run, 2 processes, lr {base:g} -> {effective:g}, val_acc {result.val_acc:.2f}"
+    if not math.isclose(effective, processes * base):
+        raise CheckFailed(f"effective learning rate {effective} is not {processes} x {base}: let HorovodStrategy "
+                          "scale it, and do not scale it yourself as well")
+    runs = _concurrent_runs(client, run)
+    if runs > 1:
+        raise CheckFailed(f"{runs} MLflow runs for one training: only rank 0 may log")
+    classes = int(params.get("class_count", 0)) or None
+    history = [row["val_acc"] for row in result.history if "val_acc" in row]
+    if classes and history and max(history) <= 1 / classes:
+        raise CheckFailed(f"val_acc stayed at chance level (1/{classes}): the model did not learn; check the "
+                          "DataModule's shard and the learning rate")
+    return f"one MLflow run, {processes} processes, lr {base:g} -> {effective:g}"
+
+
+# --- 3.5 --------------------------------------------------------------------------------------------------------
+
+
+class _RecordedDataset:
+    """A map-style data set of dict samples that appends every index read to a file (DataLoader workers too)."""
+
+    def __init__(self, features, labels, record: str) -> None:
+        self.features, self.labels, self.record = features, labels, record
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index):
+        with open(self.record, "a") as log:
+            log.write(f"{int(index)}\n")
+        return {"features": self.features[index], "label_index": self.labels[index]}
+
+
+def _reads(path: Path) -> list[int]:
+    """The indices a rank read, from its record file."""
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+class _Spy:
+    """Record which of Horovod's steps (``module.name``) the code inside the block calls, in ``calls``; for an
+    optimizer-state broadcast also whether that optimizer is the distributed one and holds non-zero state."""
+
+    def __init__(self, module, names: list[str], calls: dict[str, Any]) -> None:
+        self.module, self.saved, self.calls = module, {n: getattr(module, n) for n in names}, calls
+
+    def __enter__(self):
+        for name, original in self.saved.items():
+            setattr(self.module, name, self._recording(name, original))
+        return self
+
+    def _recording(self, name, original):
+        def record(*args, **kwargs):
+            result = original(*args, **kwargs)
+            optimizer = args[0] if args else kwargs.get("optimizer")
+            if name == "broadcast_optimizer_state" and optimizer is not None:
+                held = [t for s in optimizer.state.values() for t in s.values() if hasattr(t, "abs")]
+                self.calls[name] = {"distributed": hasattr(optimizer, "synchronize"),
+                                    "state": float(sum(t.abs().sum() for t in held))}
+            else:
+                self.calls[name] = True
+            return result
+
+        return record
+
+    def __exit__(self, *exc) -> None:
+        for name, original in self.saved.items():
+            setattr(self.module, name, original)
+
+
+def _probe_pin_device(pin_device, hvd) -> dict[str, Any]:
+    """``pin_device`` on the CPU, then on a pretend GPU node where this rank's local rank is another number."""
+    import torch
+
+    cpu = torch.device(pin_device(False))
+    local = hvd.size() - 1 - hvd.local_rank()  # reversed, so that hvd.rank() gives the wrong answer
+    pinned: list[Any] = []
+    saved = (torch.cuda.is_available, torch.cuda.device_count, torch.cuda.set_device, hvd.local_rank)
+    torch.cuda.is_available, torch.cuda.device_count = (lambda: True), (lambda: hvd.size())
+    torch.cuda.set_device, hvd.local_rank = pinned.append, (lambda: local)
+    try:
+        gpu = torch.device(pin_device(True))
+    finally:
+        torch.cuda.is_available, torch.cuda.device_count, torch.cuda.set_device, hvd.local_rank = saved
+    set_to = [torch.device(d).index if not isinstance(d, int) else d for d in pinned]
+    index = gpu.index if gpu.index is not None else (set_to[-1] if set_to else None)
+    return {"cpu": cpu.type, "gpu": gpu.type, "index": index, "expected": local}
+
+
+def _by_hand_job(pin_device, train_by_hand, settings: dict[str, Any]) -> dict[str, Any]:
+    """In each Horovod process: ``train_by_hand`` from scratch, then resumed from rank 0's checkpoint, with a
+    network initialised differently on every rank; then ``pin_device``. Each rank has its own checkpoint folder,
+    as machines without shared storage do. Rank 0 returns what every rank saw."""
+    import horovod.torch as hvd
+    import torch
+
+    from helpers.devices import device_for_local_rank
+
+    rank = int(os.environ["HOROVOD_RANK"])
+    folder = Path(settings["folder"])
+    data = torch.Generator().manual_seed(settings["seed"])
+    labels = torch.randint(0, settings["classes"], (settings["rows"],), generator=data)
+    centres = torch.randn(settings["classes"], 3, 8, 8, generator=data)
+    features = centres[labels] + 0.5 * torch.randn(settings["rows"], 3, 8, 8, generator=data)
+    seen: dict[str, Any] = {"calls": []}
+    for call in ("fresh", "resumed"):
+        torch.manual_seed(1000 * settings["seed"] + 10 * rank + len(seen["calls"]))
+        network = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 16), torch.nn.ReLU(),
+                                      torch.nn.Linear(16, settings["classes"]))
+        before = _flat_weights(network)
+        dataset = _RecordedDataset(features, labels, str(folder / f"reads-{call}-{rank}.txt"))
+        calls: dict[str, Any] = {}
+        with _Spy(hvd, ["broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer"], calls), \
+                own_work(device_for_local_rank, *_loaded("helpers.horovod_strategy:HorovodStrategy")):
+            train_by_hand(network=network, dataset=dataset, base_lr=settings["base_lr"], epochs=1,
+                          batch_size=settings["batch_size"],
+                          checkpoint_path=str(folder / f"node-{rank}" / "checkpoint.pt"),
+                          experiment=f"{settings['experiment']}-{call}", tracking_uri=settings["tracking_uri"],
+                          use_gpu=False)
+        hvd.init()
+        seen["keys"] = list(network.state_dict())
+        seen["calls"].append({"before": before, "after": hvd.allgather_object(_flat_weights(network)),
+                              "steps": hvd.allgather_object(calls)})
+    with own_work(device_for_local_rank):
+        seen["pin"] = hvd.allgather_object(_probe_pin_device(pin_device, hvd))
+    return seen
+
+
+def _pin_problem(probes: list[dict[str, Any]]) -> str | None:
+    """Why the ranks' ``pin_device`` results are wrong, or None."""
+    for rank, probe in enumerate(probes):
+        if probe["cpu"] != "cpu":
+            return f"pin_device(use_gpu=False) gave a {probe['cpu']} device on rank {rank}: use the CPU"
+        if probe["gpu"] != "cuda" or probe["index"] != probe["expected"]:
+            return (f"with GPUs, rank {rank} (local rank {probe['expected']}) got {probe['gpu']}:{probe['index']}: "
+                    "pin cuda:<hvd.local_rank()> (torch.cuda.set_device) for one GPU per process")
+    return None
+
+
+def _by_hand_shard_problem(folder: Path, processes: int, rows: int) -> str | None:
+    """Why the ranks did not each read their own part of the data in the first (one-epoch) training, or None."""
+    reads = [set(_reads(folder / f"reads-fresh-{rank}.txt")) for rank in range(processes)]
+    share = math.ceil(rows / processes)
+    if not all(reads):
+        return f"rank {[bool(r) for r in reads].index(False)} read no data: iterate a DataLoader over the dataset"
+    if max(len(r) for r in reads) > share:
+        return (f"a rank read {max(len(r) for r in reads)} of {rows} rows in one epoch: shard the data, e.g. "
+                "DistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank())")
+    shared = sum(len(r) for r in reads) - len(set().union(*reads))
+    if shared > processes - 1:
+        return "the ranks read the same rows: shard by hvd.rank() and hvd.size()"
+    return None
+
+
+def _common(steps: list[dict[str, Any]]) -> set[str]:
+    """The Horovod steps every rank called."""
+    return set.intersection(*(set(s) for s in steps))
+
+
+def _state_problem(steps: list[dict[str, Any]]) -> str | None:
+    """Why the optimizer state rank 0 restored did not reach the optimizer that trains on every rank, or None."""
+    if "broadcast_optimizer_state" not in _common(steps):
+        return "broadcast the optimizer state too: hvd.broadcast_optimizer_state(optimizer, root_rank=0)"
+    restored = steps[0]["broadcast_optimizer_state"]
+    if not restored["distributed"] or restored["state"] == 0:
+        return ("the restored momentum was lost: wrap the optimizer in hvd.DistributedOptimizer first (it builds a "
+                "new optimizer without the old one's state), then restore and broadcast that one's state")
+    return None
+
+
+def _sync_hint(steps: set[str]) -> str:
+    """The migration step that most likely explains ranks ending with different weights."""
+    if "broadcast_parameters" not in steps:
+        return "broadcast the initial parameters: hvd.broadcast_parameters(network.state_dict(), root_rank=0)"
+    if "DistributedOptimizer" not in steps:
+        return "average the gradients: wrap the optimizer in hvd.DistributedOptimizer"
+    return "broadcast from rank 0 after it restored the checkpoint, and before training"
+
+
+def _find(saved: Any, test) -> Any:
+    """The first value in ``saved`` (or ``saved`` itself; nested dicts, lists, modules) for which ``test`` holds."""
+    import torch
+
+    if isinstance(saved, (torch.nn.Module, torch.optim.Optimizer)):
+        saved = saved.state_dict()
+    if isinstance(saved, dict) and test(saved):
+        return saved
+    children = saved.values() if isinstance(saved, dict) else saved if isinstance(saved, (list, tuple)) else []
+    for child in children:
+        found = _find(child, test)
+        if found is not None:
+            return found
+    return None
+
+
+def _checkpoint_problem(folder: Path, keys: list[str], weights: list[float], expected_lr: float) -> str | None:
+    """Why the checkpoints written are not one file of rank 0's weights and optimizer state at the scaled lr."""
+    import torch
+
+    files = sorted(p for p in folder.glob("node-*/**/*") if p.is_file())
+    if not files:
+        return "no checkpoint file: on rank 0, torch.save the network and optimizer state to checkpoint_path"
+    if len({p.relative_to(folder).parts[0] for p in files}) > 1:
+        return f"{len(files)} checkpoint files, one per rank: save on rank 0 only"
+    if len(files) > 1:
+        return f"{len(files)} checkpoint files: save one, at checkpoint_path (overwrite it)"
+    saved = torch.load(files[0], map_location="cpu", weights_only=False)
+    model = _find(saved, lambda d: list(d) == keys)
+    if model is None or [float(x) for t in model.values() for x in t.float().flatten().tolist()] != weights:
+        return "the checkpoint does not hold the trained network's state_dict()"
+    optimizer = _find(saved, lambda d: "param_groups" in d and "state" in d)
+    if optimizer is None:
+        return "the checkpoint has no optimizer state: save optimizer.state_dict() too, so a resume keeps momentum"
+    lr = optimizer["param_groups"][0].get("lr")
+    if not close(lr, expected_lr, rel=1e-6):
+        return f"the optimizer's lr is {lr}, expected base_lr x hvd.size() = {expected_lr:.4g}: scale the learning rate"
+    return None
+
+
+def _mlflow_problem(uri: str, experiments: list[str]) -> str | None:
+    """Why the experiments do not hold exactly one run each with a metric, or None."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    for name in experiments:
+        runs = client.search_runs([client.get_experiment_by_name(name).experiment_id])
+        if not runs:
+            return ("no MLflow run: on rank 0, mlflow.set_tracking_uri(tracking_uri), mlflow.set_experiment("
+                    "experiment), then start a run and log")
+        if len(runs) > 1:
+            return f"{len(runs)} MLflow runs for one training: log on rank 0 only"
+        if not runs[0].data.metrics:
+            return "the MLflow run has no metrics: log the training loss every epoch (mlflow.log_metric)"
+    return None
+
+
+def _new_experiments(uri: str, base: str, folder: Path) -> None:
+    """Create the check's two experiments up front (ranks creating them at once would race in SQLite)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    for call in ("fresh", "resumed"):
+        client.create_experiment(f"{base}-{call}", artifact_location=(folder / "artifacts" / call).as_uri())
+
+
+def _by_hand_problem(seen: dict[str, Any], folder: Path, settings: dict[str, Any]) -> str | None:
+    """The first migration step that ``_by_hand_job``'s observations show missing or wrong, or None."""
+    fresh, resumed = seen["calls"]
+    problem = _pin_problem(seen["pin"]) or _by_hand_shard_problem(folder, CHECK_PROCESSES, settings["rows"])
+    if problem:
+        return problem
+    if _spread(fresh["after"]) > SYNCED:
+        return f"the ranks end with different weights: {_sync_hint(_common(fresh['steps']))}"
+    if fresh["after"][0] == fresh["before"]:
+        return "the network's weights did not change: train it in place for `epochs` epochs"
+    expected_lr = settings["base_lr"] * CHECK_PROCESSES
+    experiments = [f"{settings['experiment']}-{call}" for call in ("fresh", "resumed")]
+    problem = (_checkpoint_problem(folder, seen["keys"], resumed["after"][0], expected_lr)
+               or _mlflow_problem(settings["tracking_uri"], experiments))
+    if problem:
+        return problem
+    final = resumed["after"][0]
+    if math.dist(final, fresh["after"][0]) > math.dist(final, resumed["before"]):
+        return "the second training did not resume: when checkpoint_path exists, rank 0 loads it"
+    problem = _state_problem(resumed["steps"])
+    if not problem and _spread(resumed["after"]) > SYNCED:
+        problem = f"after resuming, the ranks end with different weights: {_sync_hint(_common(resumed['steps']))}"
+    return problem
+
+
+@register("3.5")
+def horovod_by_hand(namespace) -> str:
+    """``pin_device(use_gpu)`` and ``train_by_hand(...)``: the plain loop migrated to Horovod step by step."""
+    from helpers.tracking import tracking_uri
+    from helpers.workdir import work_path
+
+    pin_device, train_by_hand = require(namespace, "pin_device", "train_by_hand")
+    rng = np.random.default_rng(CHECK_SEED)
+    folder = work_path("checks", f"3.5-{uuid.uuid4().hex[:8]}")
+    folder.mkdir(parents=True)
+    uri = tracking_uri(None)
+    settings = {"folder": str(folder), "seed": CHECK_SEED, "rows": int(rng.integers(90, 130)),
+                "classes": int(rng.integers(3, 7)), "batch_size": int(rng.integers(6, 10)),
+                "base_lr": float(rng.uniform(0.005, 0.02)), "experiment": f"check-3.5-{folder.name}",
+                "tracking_uri": uri}
+    _new_experiments(uri, settings["experiment"], folder)
+    seen = _launch(CHECK_PROCESSES, _by_hand_job, pin_device=pin_device, train_by_hand=train_by_hand,
+                   settings=settings)
+    problem = _by_hand_problem(seen, folder, settings)
+    if problem:
+        raise CheckFailed(problem)
+    return (f"{CHECK_PROCESSES} ranks on their own shards stay identical, resume from rank 0's one checkpoint, "
+            "and log one MLflow run")
+
+
+# --- 3.6 (stretch) ----------------------------------------------------------------------------------------------
+
+
+def _accuracy_job(global_accuracy, cases: list[list[tuple[int, int]]]) -> list[list[Any]]:
+    """In each Horovod process: ``global_accuracy(correct, count)`` with this rank's numbers, per case."""
+    import horovod.torch as hvd
+
+    hvd.init()
+    results = []
+    for case in cases:
+        correct, count = case[hvd.rank()]
+        got = global_accuracy(correct, count)
+        results.append(hvd.allgather_object(float(got) if isinstance(got, (int, float, np.number)) else got))
+    return results
+
+
+@register("3.6")
+def global_accuracy_check(global_accuracy) -> str:
+    """``global_accuracy(correct, count)``: the accuracy over every rank's validation shard, on every rank."""
+    require_implemented(global_accuracy)
+    rng = np.random.default_rng(CHECK_SEED)
+    cases = []
+    for _ in range(2):
+        counts = rng.integers(5, 200, CHECK_PROCESSES)
+        cases.append([(int(rng.integers(0, c + 1)), int(c)) for c in counts])
+    results = _launch(CHECK_PROCESSES, _accuracy_job, global_accuracy=global_accuracy, cases=cases)
+    for case, per_rank in zip(cases, results):
+        expected = sum(c for c, _ in case) / sum(n for _, n in case)
+        for rank, got in enumerate(per_rank):
+            if isinstance(got, bool) or not close(got, expected, rel=1e-6):
+                mean = sum(c / n for c, n in case) / len(case)
+                why = (" (the mean of the ranks' accuracies: weight each by its count)"
+                       if close(got, mean, rel=1e-6) else "")
+                raise CheckFailed(f"rank {rank} got {got!r}, expected {expected:.4f}{why}: sum correct and count "
+                                  "over all ranks (hvd.allreduce(..., op=hvd.Sum)) and divide")
+    return "every rank gets the same, correctly weighted accuracy over all shards"
