@@ -1,151 +1,510 @@
-"""Checks for lesson 4: multi-node scaling. They run on the notebook's cluster (``spark``); 4.2 starts a small
-Horovod job on its workers (a few seconds), 4.4 reads the two training runs back from MLflow."""
+"""Checks for lesson 4: multi-node scaling. They run on the notebook's cluster (``spark``) and read its own
+``WORKERS`` and ``USE_GPU``: 4.2 starts small Horovod jobs on the workers, 4.5 one short TorchDistributor job (plus
+calls of the training function in this process under a simulated ``torchrun`` environment), 4.4 writes its own
+MLflow runs and 4.6 its own checkpoint folders, so no verdict depends on how well the lesson's training went."""
 
 from __future__ import annotations
 
-import math
+import json
+import os
+import random
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+from unittest import mock
 
-from helpers.checks import CheckFailed, NotAttempted, register, require, require_implemented
+from helpers.checks import CheckFailed, Delegated, close, own_work, register, require, whole_number
 
-LAUNCHERS = ("horovod", "torch_distributor")
 TABLE_COLUMNS = ("wall_time_s", "val_loss", "val_acc")
 
 
-def _where_job() -> list[dict[str, Any]]:
-    """In each Horovod process: its rank and the Spark executor JVM it runs under (None on the driver)."""
+def _workers(namespace) -> int:
+    """The notebook's own number of training processes (``WORKERS``)."""
+    return whole_number(namespace.get("WORKERS", 2), "WORKERS")
+
+
+def _check_dir(name: str) -> Path:
+    """A fresh folder for one check under the work directory (shared storage on a real cluster)."""
+    from helpers.workdir import work_path
+
+    return work_path("checks", f"{name}-{uuid.uuid4().hex[:8]}")
+
+
+# ---------------------------------------------------------------------------------------------------------- 4.2
+
+
+def _where_job(tag: int) -> list[dict[str, Any]]:
+    """In each Horovod process: its rank, ``tag`` (proves the keyword arguments arrived) and the Spark task
+    process above it (an executor JVM, or a local master's Python worker daemon; None outside Spark)."""
     import horovod.torch as hvd
     import psutil
 
     hvd.init()
-    executor = next(
-        (p.pid for p in psutil.Process().parents() if "CoarseGrainedExecutorBackend" in " ".join(p.cmdline())), None
-    )
-    return hvd.allgather_object({"rank": hvd.rank(), "size": hvd.size(), "executor": executor})
-
-
-@register("4.1")
-def repartition_for_cluster(namespace) -> str:
-    """``cluster_devices(spark)``: the task slots; ``repartition_for(df, num_devices)``: 2 non-empty partitions per
-    device."""
-    from helpers.distributor import task_slots
-
-    cluster_devices, repartition_for, spark = require(namespace, "cluster_devices", "repartition_for", "spark")
-    expected = task_slots(spark)
-    got = cluster_devices(spark)
-    if got is None:
-        raise NotAttempted("cluster_devices returns nothing yet")
-    if got != expected:
-        raise CheckFailed(f"cluster_devices(spark) = {got!r}, but the cluster runs {expected} tasks at once: count "
-                          "the task slots (spark.sparkContext.defaultParallelism over spark.task.cpus)")
-    rows = 40
-    df = spark.range(rows).coalesce(1)
-    for devices in (1, expected, expected + 1):
-        out = repartition_for(df, devices)
-        if out is None:
-            raise NotAttempted("repartition_for returns nothing yet")
-        sizes = out.rdd.glom().map(len).collect()
-        if len(sizes) != 2 * devices:
-            raise CheckFailed(f"repartition_for(df, {devices}) has {len(sizes)} partitions, expected {2 * devices}: "
-                              "two per device, so every device gets work and a slow one can be balanced")
-        if sum(sizes) != rows:
-            raise CheckFailed(f"repartition_for(df, {devices}) has {sum(sizes)} rows instead of {rows}")
-        if min(sizes) == 0:
-            raise CheckFailed(f"repartition_for(df, {devices}) leaves empty partitions {sizes}: use repartition, "
-                              "which spreads rows evenly (coalesce only merges partitions)")
-    return f"{expected} devices -> {2 * expected} partitions, none empty"
+    marks = ("CoarseGrainedExecutorBackend", "pyspark.daemon")
+    task = next((p.pid for p in psutil.Process().parents() if any(m in " ".join(p.cmdline()) for m in marks)), None)
+    return hvd.allgather_object({"rank": hvd.rank(), "size": hvd.size(), "executor": task, "tag": tag})
 
 
 @register("4.2")
 def launch_on_workers_check(namespace) -> str:
-    """``launch_on_workers(fn, num_workers, **kwargs)``: ``fn`` runs as Horovod processes in Spark executors."""
-    launch_on_workers, workers = require(namespace, "launch_on_workers", "WORKERS")
-    require_implemented(launch_on_workers)
-    ranks = launch_on_workers(_where_job, workers)
-    if ranks is None:
-        raise NotAttempted("launch_on_workers returns nothing yet: return what HorovodRunner(...).run returns")
-    if not isinstance(ranks, list) or len(ranks) != workers:
-        raise CheckFailed(f"expected {workers} Horovod processes, got {ranks!r}: use HorovodRunner(np=num_workers)")
-    on_driver = [r["rank"] for r in ranks if r["executor"] is None]
-    if on_driver:
-        raise CheckFailed(f"ranks {on_driver} ran on the driver, not in a Spark executor: np=-N starts N processes "
-                          "on this machine, np=+N starts them as Spark tasks on the workers")
-    executors = {r["executor"] for r in ranks}
-    return f"{workers} Horovod processes ran as Spark tasks in {len(executors)} executor(s)"
+    """``launch_on_workers(fn, num_workers, **kwargs)``: ``fn(**kwargs)`` runs as Horovod processes in Spark tasks;
+    called for 1 process and for the notebook's ``WORKERS``."""
+    launch_on_workers = require(namespace, "launch_on_workers")
+    workers = _workers(namespace)
+    for count in sorted({1, workers}):
+        tag = random.Random(count).randrange(10**6)
+        ranks = launch_on_workers(_where_job, count, tag=tag)
+        if not isinstance(ranks, list) or len(ranks) != count:
+            raise CheckFailed(f"launch_on_workers(fn, {count}) returned {ranks!r}, expected the list rank 0 returned "
+                              f"for {count} processes: return HorovodRunner(np=num_workers).run(fn, **kwargs)")
+        if any(r.get("tag") != tag for r in ranks):
+            raise CheckFailed("fn did not get its keyword arguments: pass **kwargs on to run")
+        on_driver = [r["rank"] for r in ranks if r["executor"] is None]
+        if on_driver:
+            raise CheckFailed(f"ranks {on_driver} ran on the driver, not in Spark tasks: np=-N starts N processes "
+                              "on this machine, np=+N starts them as Spark tasks on the workers")
+    return f"1 and {workers} Horovod processes ran as Spark tasks"
+
+
+# ---------------------------------------------------------------------------------------------------------- 4.3
+
+
+def _layout_helpers() -> tuple[Any, ...]:
+    from helpers.distributor import ddp_layout, make_distributor
+
+    return ddp_layout, make_distributor
 
 
 @register("4.3")
 def torch_distributor_setup(namespace) -> str:
     """``make_torch_distributor(num_processes, use_gpu)`` on the workers; ``trainer_layout`` for DDP under it."""
-    from pyspark.ml.torch.distributor import TorchDistributor
-
-    from helpers.distributor import ddp_layout
+    from pyspark.ml.torch.distributor import Distributor, TorchDistributor
 
     make_torch_distributor, trainer_layout = require(namespace, "make_torch_distributor", "trainer_layout")
-    use_gpu = bool(namespace.get("USE_GPU", False))
-    workers = int(namespace.get("WORKERS", 2))
-    distributor = make_torch_distributor(workers, use_gpu)
-    if distributor is None:
-        raise NotAttempted("make_torch_distributor returns nothing yet")
-    if not isinstance(distributor, TorchDistributor):
-        raise CheckFailed(f"make_torch_distributor returned a {type(distributor).__name__}, not a TorchDistributor")
-    if distributor.local_mode:
-        raise CheckFailed("local_mode=True runs every process on the driver and leaves the workers idle: "
-                          "use local_mode=False")
-    if distributor.num_processes != workers:
-        raise CheckFailed(f"num_processes={distributor.num_processes}, expected {workers}: one process per task slot")
-    if distributor.use_gpu != use_gpu:
-        raise CheckFailed(f"use_gpu={distributor.use_gpu} but USE_GPU={use_gpu}: pass use_gpu through")
-    for processes, local_mode in [(2, False), (4, False), (2, True), (3, True)]:
-        got = trainer_layout(processes, local_mode)
-        if got is None:
-            raise NotAttempted("trainer_layout returns nothing yet")
-        expected = ddp_layout(processes, local_mode)
-        if dict(got) != expected:
-            where = "torchrun starts them all on one node (the driver)" if local_mode else \
-                "every Spark task is a node with one process"
-            raise CheckFailed(f"trainer_layout({processes}, local_mode={local_mode}) = {dict(got)}, expected "
-                              f"{expected}: {where}")
-    return f"{workers} processes on the workers; the Trainer sees devices=1, num_nodes={workers}"
+    rng = random.Random(43)
+    cases = [(1, False), (_workers(namespace), True), (rng.randint(3, 9), rng.random() < 0.5)]
+    # TorchDistributor checks the cluster's GPUs when it is made: let it accept use_gpu=True on any cluster here
+    with own_work(*_layout_helpers()), mock.patch.object(Distributor, "_get_num_tasks", lambda d: d.num_processes):
+        for processes, use_gpu in cases:
+            distributor = make_torch_distributor(processes, use_gpu)
+            if not isinstance(distributor, TorchDistributor):
+                raise CheckFailed(f"make_torch_distributor({processes}, {use_gpu}) returned {distributor!r}, not a "
+                                  "TorchDistributor")
+            got = (distributor.num_processes, distributor.local_mode, distributor.use_gpu)
+            if got != (processes, False, use_gpu):
+                raise CheckFailed(f"make_torch_distributor({processes}, {use_gpu}) has num_processes, local_mode, "
+                                  f"use_gpu = {got}: pass num_processes and use_gpu through, local_mode=False runs "
+                                  "on the workers")
+        for processes in (1, 2, rng.randint(3, 16)):
+            for local_mode in (False, True):
+                _check_layout(trainer_layout, processes, local_mode)
+    return "TorchDistributor on the workers; devices=1, num_nodes=N there and devices=N, num_nodes=1 locally"
+
+
+def _check_layout(trainer_layout, processes: int, local_mode: bool) -> None:
+    """``trainer_layout(processes, local_mode)`` is one node of N devices locally, N nodes of one device on workers."""
+    expected = {"devices": processes, "num_nodes": 1} if local_mode else {"devices": 1, "num_nodes": processes}
+    got = trainer_layout(processes, local_mode)
+    try:
+        same = {k: whole_number(got[k], k) for k in expected} == expected and len(got) == 2
+    except (TypeError, KeyError, IndexError, CheckFailed):
+        same = False
+    if not same:
+        where = ("torchrun starts them all on one node (the driver)" if local_mode
+                 else "every Spark task is a node with one process")
+        raise CheckFailed(f"trainer_layout({processes}, local_mode={local_mode}) = {got!r}, expected {expected}: "
+                          f"{where}")
+
+
+# ---------------------------------------------------------------------------------------------------------- 4.4
+
+
+@contextmanager
+def _check_runs(uri: str, launchers: list[str], seed: int) -> Iterator[tuple[dict[str, str], dict[str, dict]]]:
+    """MLflow runs made for the check (deleted afterwards): one per launcher, each metric logged at 3 steps with
+    random values. Yields ``{launcher: run_id}`` and ``{launcher: {metric: last value}}``."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    name = "lesson-4-check"
+    experiment = client.get_experiment_by_name(name)
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment(name)
+    rng = random.Random(seed)
+    run_ids, last = {}, {}
+    try:
+        for launcher in launchers:
+            run_id = client.create_run(experiment_id, run_name=f"check-{launcher}").info.run_id
+            run_ids[launcher] = run_id
+            for step in range(3):
+                values = {"wall_time_s": rng.uniform(5, 500), "val_loss": rng.uniform(0.05, 2.5),
+                          "val_acc": rng.uniform(0.1, 0.99)}
+                for key, value in values.items():
+                    client.log_metric(run_id, key, value, step=step)
+            last[launcher] = values
+            client.set_terminated(run_id)
+        yield run_ids, last
+    finally:
+        for run_id in run_ids.values():
+            client.delete_run(run_id)
 
 
 @register("4.4")
 def launcher_comparison(namespace) -> str:
-    """``launcher_table(run_ids)``: one row per launcher with the run's wall time, final val_loss and val_acc from
-    MLflow; both runs trained on 2 processes to the accuracy floor."""
-    from mlflow.tracking import MlflowClient
+    """``launcher_table(run_ids)``: one row per launcher (the index) with the last ``wall_time_s``, ``val_loss`` and
+    ``val_acc`` of each run, read from MLflow; checked on runs the check writes, under other launcher names."""
+    from helpers.analysis import runs_table
+    from helpers.tracking import metric_history, tracking_uri
 
-    from helpers.tracking import tracking_uri
+    launcher_table = require(namespace, "launcher_table")
+    uri = tracking_uri(namespace.get("MLFLOW_TRACKING_URI"))
+    for seed, launchers in enumerate([["horovod", "torch_distributor"], ["deepspeed", "ray", "horovod_local"]]):
+        with _check_runs(uri, launchers, seed) as (run_ids, last), own_work(runs_table, metric_history):
+            table = launcher_table(dict(run_ids))
+        _compare_table(table, launchers, last)
+    return "the last wall time, val_loss and val_acc of every run, one row per launcher"
 
-    launcher_table, hvd_result, ddp_result = require(namespace, "launcher_table", "hvd_result", "ddp_result")
-    floor = float(namespace.get("ACCURACY_FLOOR", 0.8))
-    workers = int(namespace.get("WORKERS", 2))
-    run_ids = {"horovod": getattr(hvd_result, "mlflow_run_id", None),
-               "torch_distributor": getattr(ddp_result, "mlflow_run_id", None)}
-    missing = [name for name, run_id in run_ids.items() if not run_id]
-    if missing:
-        raise CheckFailed(f"no MLflow run for {', '.join(missing)}: train with an mlflow_experiment")
-    client = MlflowClient(tracking_uri(namespace.get("MLFLOW_TRACKING_URI")))
-    runs = {name: client.get_run(run_id) for name, run_id in run_ids.items()}
-    for name, run in runs.items():
-        if run.data.params.get("world_size") != str(workers):
-            raise CheckFailed(f"the {name} run trained on world_size={run.data.params.get('world_size')}, "
-                              f"expected {workers}")
-        acc = run.data.metrics.get("val_acc", float("nan"))
-        if not acc >= floor:
-            raise CheckFailed(f"the {name} run reached val_acc {acc:.3f}, below the floor {floor}")
-    table = launcher_table(run_ids)
-    if table is None:
-        raise NotAttempted("launcher_table returns nothing yet")
-    if sorted(map(str, table.index)) != sorted(run_ids):
-        raise CheckFailed(f"the table's index is {list(table.index)}: use the launcher names {list(run_ids)}")
+
+def _compare_table(table, launchers: list[str], last: dict[str, dict[str, float]]) -> None:
+    """``table`` holds ``last[launcher][column]`` at ``table.loc[launcher, column]`` for every launcher."""
+    index = getattr(table, "index", None)
+    if index is None or sorted(map(str, index)) != sorted(launchers):
+        raise CheckFailed(f"for runs of {launchers} the table's index is {None if index is None else list(index)}: "
+                          "one row per launcher, named by the keys of run_ids")
     for column in TABLE_COLUMNS:
         if column not in table.columns:
             raise CheckFailed(f"the table has no {column!r} column (columns: {list(table.columns)})")
-        for name, run in runs.items():
-            expected, got = run.data.metrics[column], float(table.loc[name, column])
-            if not math.isclose(expected, got, rel_tol=1e-6):
-                raise CheckFailed(f"{column} of {name} is {got}, but its MLflow run says {expected}: read the "
-                                  "run's metrics (client.get_run(run_id).data.metrics)")
-    accs = ", ".join(f"{name} {runs[name].data.metrics['val_acc']:.2f}" for name in run_ids)
-    return f"both launchers trained {workers} processes past val_acc {floor} ({accs})"
+        for launcher in launchers:
+            got, expected = table.loc[launcher, column], last[launcher][column]
+            if not close(got, expected, rel=1e-6):
+                raise CheckFailed(f"{column} of {launcher} is {got!r}, but its run's last value is {expected:.6g}: "
+                                  "read client.get_run(run_id).data.metrics (the last value of each metric)")
+
+
+# ---------------------------------------------------------------------------------------------------------- 4.5
+
+_TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "ROLE_RANK",
+                  "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
+class _FitStopped(Exception):
+    """Raised instead of fitting when the check only looks at the Trainer an answer built."""
+
+
+def _ddp_helpers() -> tuple[Any, ...]:
+    """The course's helpers that would do exercise 4.5 for the learner."""
+    from helpers.distributor import _ddp_process, ddp_layout, make_distributor, train_hvd, train_process, \
+        train_with_distributor
+
+    return train_process, _ddp_process, train_hvd, train_with_distributor, ddp_layout, make_distributor
+
+
+@contextmanager
+def _recorded_fits(records: list[dict[str, Any]], stop: bool) -> Iterator[None]:
+    """Record the layout of every ``Trainer.fit`` (and the datamodule's shard); fit for real unless ``stop``."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.accelerators import CUDAAccelerator
+
+    original = pl.Trainer.fit
+
+    def fit(trainer, *args, **kwargs):
+        data = kwargs.get("datamodule") or kwargs.get("train_dataloaders") or (args[1] if len(args) > 1 else None)
+        records.append({
+            "devices": trainer.num_devices, "num_nodes": trainer.num_nodes, "world_size": trainer.world_size,
+            "global_rank": trainer.global_rank, "strategy": type(trainer.strategy).__name__,
+            "gpu": isinstance(trainer.accelerator, CUDAAccelerator),
+            "shard": [getattr(data, "device_id", None), getattr(data, "device_count", None)],
+        })
+        if stop:
+            raise _FitStopped
+        return original(trainer, *args, **kwargs)
+
+    pl.Trainer.fit = fit
+    try:
+        yield
+    finally:
+        pl.Trainer.fit = original
+
+
+@contextmanager
+def _torchrun_env(rank: int, world_size: int, local_mode: bool) -> Iterator[None]:
+    """This process's environment as ``torchrun`` sets it for ``rank`` of ``world_size`` (one node with all of them
+    locally, one node per process on workers); Lightning's rank-zero state is restored afterwards."""
+    from lightning_fabric.utilities import rank_zero as fabric_rank_zero
+    from pytorch_lightning.utilities import rank_zero
+
+    per_node = world_size if local_mode else 1
+    env = {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": rank % per_node, "LOCAL_WORLD_SIZE": per_node,
+           "GROUP_RANK": rank // per_node, "NODE_RANK": rank // per_node, "ROLE_RANK": rank,
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29599", "TORCHELASTIC_RUN_ID": "check-4.5"}
+    saved_env = {key: os.environ.get(key) for key in _TORCHRUN_KEYS}
+    saved_ranks = (rank_zero.rank_zero_only.rank, fabric_rank_zero.rank_zero_only.rank)
+    os.environ.update({key: str(value) for key, value in env.items()})
+    try:
+        yield
+    finally:
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        rank_zero.rank_zero_only.rank, fabric_rank_zero.rank_zero_only.rank = saved_ranks
+
+
+def _judge_fit(records: list[dict[str, Any]], rank: int, world_size: int, local_mode: bool, use_gpu: bool) -> None:
+    """The first Trainer of ``rank``: the layout for the mode, DDP, this rank's shard, the right accelerator."""
+    where = f"rank {rank} of {world_size} {'on one node (local mode)' if local_mode else 'on the workers'}"
+    if not records:
+        raise CheckFailed(f"{where}: your function never fits a Trainer: call train(...) or trainer.fit(...)")
+    fit = records[0]
+    expected = (world_size, 1) if local_mode else (1, world_size)
+    if (fit["devices"], fit["num_nodes"]) != expected:
+        raise CheckFailed(f"{where}: the Trainer has devices={fit['devices']}, num_nodes={fit['num_nodes']}, "
+                          f"expected devices={expected[0]}, num_nodes={expected[1]}: read the layout from "
+                          "WORLD_SIZE and the mode (local_mode, or LOCAL_WORLD_SIZE)")
+    if "DDP" not in fit["strategy"]:
+        raise CheckFailed(f"{where}: the Trainer's strategy is {fit['strategy']}: use strategy='ddp'")
+    if fit["shard"][1] is not None and fit["shard"] != [rank, world_size]:
+        raise CheckFailed(f"{where}: the datamodule reads shard {fit['shard'][0]} of {fit['shard'][1]}: use "
+                          "device_id=RANK and device_count=WORLD_SIZE from os.environ")
+    if fit["gpu"] != use_gpu:
+        raise CheckFailed(f"{where}: the Trainer runs on the {'GPU' if fit['gpu'] else 'CPU'} but settings.use_gpu="
+                          f"{use_gpu}: accelerator='gpu' if settings.use_gpu else 'cpu'")
+
+
+def _simulated(answer, args: tuple, rank: int, world_size: int, local_mode: bool) -> None:
+    """Call ``answer`` here as ``rank`` of a simulated torchrun job, stopping at ``fit``, and judge its Trainer."""
+    records: list[dict[str, Any]] = []
+    with _torchrun_env(rank, world_size, local_mode), _recorded_fits(records, stop=True):
+        try:
+            with own_work(*_ddp_helpers()):
+                answer(*args, local_mode=local_mode)
+        except _FitStopped:
+            pass
+    _judge_fit(records, rank, world_size, local_mode, use_gpu=False)
+
+
+def run_recorded(answer, record_dir: str, *args: Any, **kwargs: Any) -> Any:
+    """What the check's TorchDistributor job runs in each process: ``answer``, with a report of its Trainers,
+    its return and its error written to ``record_dir/rank-N.json``."""
+    rank = int(os.environ.get("RANK", "0"))
+    report: dict[str, Any] = {"rank": rank, "fits": [], "returned": False, "error": None, "delegated": False}
+    try:
+        with _recorded_fits(report["fits"], stop=False), own_work(*_ddp_helpers()):
+            output = answer(*args, **kwargs)
+        report["returned"] = output is not None
+        return output
+    except BaseException as exc:
+        report["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        report["delegated"] = isinstance(exc, Delegated)
+        raise
+    finally:
+        Path(record_dir, f"rank-{rank}.json").write_text(json.dumps(report))
+
+
+def _reports(record_dir: Path) -> dict[int, dict[str, Any]]:
+    return {r["rank"]: r for r in (json.loads(p.read_text()) for p in record_dir.glob("rank-*.json"))}
+
+
+def _on_workers(answer, namespace, args: tuple, workers: int, use_gpu: bool) -> None:
+    """Run ``answer`` for real with TorchDistributor on the notebook's workers and judge every rank's report."""
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    from helpers.distributor import watched_job
+    from helpers.spark import configure_python_env
+
+    spark = require(namespace, "spark")
+    record_dir = _check_dir("4.5-reports")
+    record_dir.mkdir(parents=True)
+    configure_python_env()
+    try:
+        try:
+            with watched_job(spark, workers):
+                TorchDistributor(num_processes=workers, local_mode=False, use_gpu=use_gpu).run(
+                    run_recorded, answer, str(record_dir), *args, local_mode=False)
+        except Exception as exc:
+            failed = [r for r in _reports(record_dir).values() if r["error"]]
+            if any(r["delegated"] for r in failed):
+                raise Delegated(next(r["error"] for r in failed if r["delegated"]).split(": ", 1)[1]) from None
+            error = failed[0]["error"] if failed else f"{type(exc).__name__}: {str(exc)[:300]}"
+            raise CheckFailed(f"the TorchDistributor job failed on the workers: {error}") from None
+        reports = _reports(record_dir)
+    finally:
+        shutil.rmtree(record_dir, ignore_errors=True)
+    _judge_reports(reports, workers, use_gpu)
+
+
+def _judge_reports(reports: dict[int, dict[str, Any]], workers: int, use_gpu: bool) -> None:
+    """Every rank of the real job fitted the right Trainer, and rank 0 returned something."""
+    for rank in range(workers):
+        _judge_fit(reports.get(rank, {}).get("fits", []), rank, workers, False, use_gpu)
+    if not reports[0]["returned"]:
+        raise CheckFailed("rank 0 returned None: return train's result (or what you want back) on rank 0")
+
+
+@register("4.5")
+def ddp_training_function(namespace) -> str:
+    """``ddp_train(train_converter, val_converter, class_count, settings, local_mode)``: what TorchDistributor runs.
+
+    Called here under a simulated ``torchrun`` environment (other world sizes, both modes, stopped at ``fit``),
+    then run for real on the notebook's workers for one epoch; the Trainer's layout, strategy, accelerator and
+    shard are recorded in each process, and rank 0 must return something.
+    """
+    ddp_train, train_converter, val_converter, class_names, settings = require(
+        namespace, "ddp_train", "train_converter", "val_converter", "class_names", "settings")
+    workers, use_gpu = _workers(namespace), bool(namespace.get("USE_GPU", False))
+    check_dir = _check_dir("4.5-checkpoints")
+    quick = settings.replace(max_epochs=1, mlflow_experiment=None, ckpt_restore=None, default_dir=str(check_dir),
+                             run_name=None)
+    rng = random.Random(45)
+    cpu = quick.replace(use_gpu=False, mixed_precision=False)
+    args = (train_converter, val_converter, len(class_names), cpu)
+    for local_mode, world_size in ((True, rng.randint(3, 4)), (False, rng.randint(3, 6))):
+        for rank in (0, world_size - 1):
+            _simulated(ddp_train, args, rank, world_size, local_mode)
+    try:
+        _on_workers(ddp_train, namespace, (train_converter, val_converter, len(class_names), quick), workers, use_gpu)
+    finally:
+        shutil.rmtree(check_dir, ignore_errors=True)
+    return f"the right Trainer in both modes; {workers} DDP processes trained on the workers and rank 0 returned"
+
+
+# ---------------------------------------------------------------------------------------------------------- 4.6
+
+
+def _tiny_lightning() -> tuple[type, type]:
+    """A 2-class linear LightningModule and a datamodule of 16 random rows: a real fit in milliseconds."""
+    import pytorch_lightning as pl
+    import torch
+
+    class TinyModel(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 2)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class TinyData(pl.LightningDataModule):
+        def train_dataloader(self):
+            generator = torch.Generator().manual_seed(0)
+            data = torch.utils.data.TensorDataset(torch.randn(16, 4, generator=generator),
+                                                  torch.randint(0, 2, (16,), generator=generator))
+            return torch.utils.data.DataLoader(data, batch_size=8)
+
+    return TinyModel, TinyData
+
+
+def _epoch_counter():
+    """A Lightning callback whose ``epochs`` lists the epochs a fit actually ran."""
+    import pytorch_lightning as pl
+
+    class EpochsRun(pl.Callback):
+        def __init__(self) -> None:
+            self.epochs: list[int] = []
+
+        def on_train_epoch_start(self, trainer, pl_module) -> None:
+            self.epochs.append(trainer.current_epoch)
+
+    return EpochsRun()
+
+
+def _trainer(max_epochs: int, callbacks: list, folder: Path | None = None):
+    """A quiet CPU Trainer; with ``folder`` it keeps a checkpoint of every epoch there and ``last.ckpt``."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    if folder is not None:
+        callbacks = [*callbacks, ModelCheckpoint(dirpath=str(folder), save_top_k=-1, save_last=True)]
+    return pl.Trainer(max_epochs=max_epochs, accelerator="cpu", devices=1, callbacks=callbacks, logger=False,
+                      enable_checkpointing=folder is not None, enable_progress_bar=False, enable_model_summary=False)
+
+
+def _interrupted_run(folder: Path, epochs: int, torn: bool) -> None:
+    """A folder as a lost job leaves it: checkpoints of epochs 0..epochs-1 and ``last.ckpt``; with ``torn`` the
+    worker died while writing the newest epoch's files, which are cut off halfway."""
+    model_class, data_class = _tiny_lightning()
+    _trainer(epochs, [], folder).fit(model_class(), datamodule=data_class())
+    if torn:
+        newest = [folder / "last.ckpt", *folder.glob(f"epoch={epochs - 1}-*.ckpt")]
+        for path in newest:
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _resume_helpers() -> tuple[Any, ...]:
+    from helpers.distributor import _last_checkpoint
+
+    return (_last_checkpoint,)
+
+
+@register("4.6")
+def resume_after_lost_worker(namespace) -> str:
+    """``resume_training(trainer, model, datamodule, checkpoint_dir)`` continues from the readable checkpoint with
+    the most progress, checked on folders the check writes (more than 10 epochs, a torn newest file, none)."""
+    import logging
+
+    resume_training = require(namespace, "resume_training")
+    model_class, data_class = _tiny_lightning()
+    epochs = random.Random(46).randint(11, 13)
+    scenarios = [("a complete folder", epochs, False, epochs), ("the newest files torn", epochs, True, epochs - 1),
+                 ("no checkpoint yet", 0, False, 0)]
+    root = _check_dir("4.6")
+    quiet = logging.getLogger("pytorch_lightning")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        for name, saved, torn, start in scenarios:
+            folder = root / name.replace(" ", "-")
+            folder.mkdir(parents=True)
+            if saved:
+                _interrupted_run(folder, saved, torn)
+            counter = _epoch_counter()
+            with own_work(*_resume_helpers()):
+                resume_training(_trainer(epochs + 2, [counter]), model_class(), data_class(), str(folder))
+            if counter.epochs != list(range(start, epochs + 2)):
+                raise CheckFailed(f"with {name} ({saved} epochs saved) training ran epochs {counter.epochs}, "
+                                  f"expected {start} to {epochs + 1}: pass the newest readable checkpoint as "
+                                  "trainer.fit(..., ckpt_path=...), None when there is none")
+    finally:
+        quiet.setLevel(level)
+        shutil.rmtree(root, ignore_errors=True)
+    return f"resumed at epoch {epochs}, at {epochs - 1} past a torn file, and at 0 without checkpoints"
+
+
+# ---------------------------------------------------------------------------------------------------------- 4.7
+
+
+def _slots(executors: int, cores: int, task_cpus: int, gpus: int, task_gpus: float) -> int:
+    """The reference: task slots per executor by cores, and by GPUs when tasks ask for them, times executors."""
+    per_executor = cores // task_cpus
+    if task_gpus > 0:
+        per_executor = min(per_executor, int(gpus // task_gpus))
+    return executors * per_executor
+
+
+@register("4.7")
+def cluster_task_slots(namespace) -> str:
+    """(stretch) ``max_processes(executors, cores, task_cpus, gpus, task_gpus)``: how many training processes a
+    barrier job can start at once, on clusters the check generates."""
+    from helpers.distributor import task_slots
+
+    max_processes = require(namespace, "max_processes")
+    rng = random.Random(47)
+    cases = [(2, 1, 1, 0, 0.0), (2, 8, 2, 0, 0.0), (3, 16, 4, 4, 1.0), (2, 8, 1, 2, 1.0), (4, 4, 1, 2, 0.5),
+             (3, 6, 4, 0, 0.0), (3, 8, 1, 1, 2.0)]
+    cases += [(rng.randint(1, 9), rng.choice([4, 6, 8, 12, 16, 32]), rng.choice([1, 2, 4]), rng.choice([0, 1, 2, 4, 8]),
+               rng.choice([0.0, 0.5, 1.0, 2.0])) for _ in range(30)]
+    with own_work(task_slots):
+        for case in cases:
+            got, expected = max_processes(*case), _slots(*case)
+            if whole_number(got, "max_processes") != expected:
+                names = "executors={}, cores={}, task_cpus={}, gpus={}, task_gpus={}".format(*case)
+                raise CheckFailed(f"max_processes({names}) = {got!r}, expected {expected}: each executor runs "
+                                  "cores // task_cpus tasks, and with task_gpus > 0 no more than gpus // task_gpus")
+    return f"task slots right on {len(cases)} clusters"

@@ -1,0 +1,464 @@
+"""Answer corpus for lesson 4: right answers written differently pass, lazy, hard-coded and subtly wrong ones fail.
+
+Every answer goes through its real check (``helpers.checks._run``) with a namespace built from fixtures: the shared
+local[2] session stands in for the cluster (Horovod and TorchDistributor run as Spark tasks there too), with a
+small Petastorm data set for the one real TorchDistributor job of 4.5.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+from helpers.checks import _run
+
+# the answers below run in torchrun processes that cannot import this test module: ship them by value
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def verdict(exercise: str, answer) -> str:
+    status, message = _run(exercise, answer)
+    assert status in ("passed", "failed"), (status, message)
+    return status
+
+
+# ------------------------------------------------------------------------------------------------ 4.2 HorovodRunner
+
+
+def launch_positive(fn, num_workers, **kwargs):
+    from helpers.horovod_runner import HorovodRunner
+
+    return HorovodRunner(np=num_workers).run(fn, **kwargs)
+
+
+def launch_spelled_out(fn, num_workers, **kwargs):
+    from helpers.horovod_runner import HorovodRunner as Runner
+
+    runner = Runner(np=+abs(num_workers), driver_log_verbosity="log_callback_only")
+    result = runner.run(fn, **kwargs)
+    return result
+
+
+def launch_on_driver(fn, num_workers, **kwargs):
+    from helpers.horovod_runner import HorovodRunner
+
+    return HorovodRunner(np=-num_workers).run(fn, **kwargs)
+
+
+def launch_two(fn, num_workers, **kwargs):
+    from helpers.horovod_runner import HorovodRunner
+
+    return HorovodRunner(np=2).run(fn, **kwargs)
+
+
+def launch_no_kwargs(fn, num_workers, **kwargs):
+    from helpers.horovod_runner import HorovodRunner
+
+    return HorovodRunner(np=num_workers).run(fn)
+
+
+def launch_no_return(fn, num_workers, **kwargs):
+    from helpers.horovod_runner import HorovodRunner
+
+    HorovodRunner(np=num_workers).run(fn, **kwargs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answer, expected", [
+    (launch_positive, "passed"), (launch_spelled_out, "passed"),
+    (launch_on_driver, "failed"), (launch_two, "failed"), (launch_no_kwargs, "failed"), (launch_no_return, "failed"),
+])
+def test_4_2_horovod_on_the_workers(spark, answer, expected):
+    assert verdict("4.2", {"launch_on_workers": answer, "WORKERS": 2, "spark": spark}) == expected
+
+
+# ----------------------------------------------------------------------------------------- 4.3 TorchDistributor setup
+
+
+def distributor_plain(num_processes, use_gpu):
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    return TorchDistributor(num_processes=num_processes, local_mode=False, use_gpu=use_gpu)
+
+
+def layout_plain(num_processes, local_mode):
+    if local_mode:
+        return {"devices": num_processes, "num_nodes": 1}
+    return {"devices": 1, "num_nodes": num_processes}
+
+
+def distributor_positional(num_processes, use_gpu):
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    return TorchDistributor(num_processes, False, bool(use_gpu))
+
+
+def layout_numpy(num_processes, local_mode):
+    import numpy as np
+
+    nodes = np.int64(1 if local_mode else num_processes)
+    return dict(devices=np.int64(num_processes) // nodes, num_nodes=nodes)
+
+
+def distributor_delegated(num_processes, use_gpu):
+    from helpers.distributor import make_distributor
+
+    return make_distributor(num_processes, use_gpu)
+
+
+def layout_delegated(num_processes, local_mode):
+    from helpers.distributor import ddp_layout
+
+    return ddp_layout(num_processes, local_mode)
+
+
+def distributor_two(num_processes, use_gpu):
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    return TorchDistributor(num_processes=2, local_mode=False, use_gpu=use_gpu)
+
+
+def distributor_cpu_only(num_processes, use_gpu):
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    return TorchDistributor(num_processes=num_processes, local_mode=False, use_gpu=False)
+
+
+def layout_swapped(num_processes, local_mode):
+    return layout_plain(num_processes, not local_mode)
+
+
+@pytest.mark.parametrize("make, layout, expected", [
+    (distributor_plain, layout_plain, "passed"), (distributor_positional, layout_numpy, "passed"),
+    (distributor_delegated, layout_plain, "failed"), (distributor_plain, layout_delegated, "failed"),
+    (distributor_two, layout_plain, "failed"), (distributor_cpu_only, layout_plain, "failed"),
+    (distributor_plain, layout_swapped, "failed"),
+])
+def test_4_3_distributor_and_layout(spark, make, layout, expected):
+    namespace = {"make_torch_distributor": make, "trainer_layout": layout, "WORKERS": 2, "USE_GPU": False}
+    assert verdict("4.3", namespace) == expected
+
+
+# ----------------------------------------------------------------------------------------- 4.4 MLflow launcher table
+
+COLUMNS = ("wall_time_s", "val_loss", "val_acc")
+
+
+@pytest.fixture(scope="module")
+def mlflow_uri(tmp_path_factory) -> str:
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+def table_answers(uri: str) -> dict:
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
+
+    def from_dict(run_ids):
+        client = MlflowClient(uri)
+        rows = {name: {c: client.get_run(i).data.metrics[c] for c in COLUMNS} for name, i in run_ids.items()}
+        return pd.DataFrame.from_dict(rows, orient="index")
+
+    def with_mlflow_search(run_ids):
+        import mlflow
+
+        mlflow.set_tracking_uri(uri)
+        frames = mlflow.search_runs(search_all_experiments=True,
+                                    filter_string=f"attributes.run_id IN ({', '.join(repr(i) for i in run_ids.values())})")
+        names = {run_id: name for name, run_id in run_ids.items()}
+        frames.index = frames["run_id"].map(names)
+        return frames.rename(columns={f"metrics.{c}": c for c in COLUMNS})[list(COLUMNS)]
+
+    def first_values(run_ids):
+        client = MlflowClient(uri)
+        rows = {name: {c: client.get_metric_history(i, c)[0].value for c in COLUMNS} for name, i in run_ids.items()}
+        return pd.DataFrame.from_dict(rows, orient="index")
+
+    def hard_coded(run_ids):
+        return pd.DataFrame({c: [0.5, 0.5] for c in COLUMNS}, index=["horovod", "torch_distributor"])
+
+    def indexed_by_run_id(run_ids):
+        client = MlflowClient(uri)
+        rows = {i: {c: client.get_run(i).data.metrics[c] for c in COLUMNS} for i in run_ids.values()}
+        return pd.DataFrame.from_dict(rows, orient="index")
+
+    def delegated(run_ids):
+        from helpers.tracking import metric_history
+
+        rows = {name: {c: metric_history(i, c, uri)[-1][1] for c in COLUMNS} for name, i in run_ids.items()}
+        return pd.DataFrame.from_dict(rows, orient="index")
+
+    return {"from_dict": from_dict, "with_mlflow_search": with_mlflow_search, "first_values": first_values,
+            "hard_coded": hard_coded, "indexed_by_run_id": indexed_by_run_id, "delegated": delegated}
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("from_dict", "passed"), ("with_mlflow_search", "passed"), ("first_values", "failed"),
+    ("hard_coded", "failed"), ("indexed_by_run_id", "failed"), ("delegated", "failed"),
+])
+def test_4_4_launcher_table(mlflow_uri, name, expected):
+    answer = table_answers(mlflow_uri)[name]
+    assert verdict("4.4", {"launcher_table": answer, "MLFLOW_TRACKING_URI": mlflow_uri}) == expected
+
+
+# ------------------------------------------------------------------------------------ 4.5 the TorchDistributor function
+
+
+def ddp_train_env_layout(train_converter, val_converter, class_count, settings, local_mode):
+    import os
+
+    from helpers.datamodule import PetastormDataModule
+    from helpers.model import LitClassificationModel
+    from helpers.training import train
+
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    per_node = int(os.environ["LOCAL_WORLD_SIZE"])
+    model = LitClassificationModel(class_count, learning_rate=settings.learning_rate * world_size,
+                                   image_size=settings.image_size)
+    data = PetastormDataModule(train_converter, val_converter, settings.batch_size, settings.image_size,
+                               device_id=rank, device_count=world_size)
+    result = train(model, data, max_epochs=settings.max_epochs, accelerator="gpu" if settings.use_gpu else "cpu",
+                   devices=per_node, num_nodes=world_size // per_node, strategy="ddp",
+                   default_dir=settings.default_dir, progress_bar=False)
+    return result if rank == 0 else None
+
+
+def ddp_train_own_trainer(train_converter, val_converter, class_count, settings, local_mode):
+    import os
+
+    import pytorch_lightning as pl
+    from pytorch_lightning.strategies import DDPStrategy
+
+    from helpers.datamodule import PetastormDataModule
+    from helpers.model import LitClassificationModel
+
+    env = os.environ
+    layout = ({"devices": int(env["WORLD_SIZE"]), "num_nodes": 1} if local_mode
+              else {"devices": 1, "num_nodes": int(env["WORLD_SIZE"])})
+    data = PetastormDataModule(train_converter, val_converter, settings.batch_size, settings.image_size,
+                               device_id=int(env["RANK"]), device_count=int(env["WORLD_SIZE"]))
+    trainer = pl.Trainer(max_epochs=settings.max_epochs, accelerator="cuda" if settings.use_gpu else "cpu",
+                         strategy=DDPStrategy(process_group_backend="nccl" if settings.use_gpu else "gloo"),
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False, **layout)
+    trainer.fit(LitClassificationModel(class_count, image_size=settings.image_size), datamodule=data)
+    if trainer.global_rank == 0:
+        return {"val_loss": float(trainer.callback_metrics["val_loss"])}
+    return None
+
+
+def ddp_train_delegated(train_converter, val_converter, class_count, settings, local_mode):
+    import os
+
+    from helpers.distributor import train_process
+
+    return train_process("torch_distributor", train_converter, val_converter, class_count, settings,
+                         num_processes=int(os.environ["WORLD_SIZE"]), local_mode=local_mode)
+
+
+def ddp_train_hard_coded(train_converter, val_converter, class_count, settings, local_mode):
+    from helpers.datamodule import PetastormDataModule
+    from helpers.model import LitClassificationModel
+    from helpers.training import train
+
+    data = PetastormDataModule(train_converter, val_converter, settings.batch_size, settings.image_size,
+                               device_id=0, device_count=2)
+    return train(LitClassificationModel(class_count, image_size=settings.image_size), data, max_epochs=1,
+                 devices=1, num_nodes=2, strategy="ddp", default_dir=settings.default_dir)
+
+
+def ddp_train_distributed_layout_only(train_converter, val_converter, class_count, settings, local_mode):
+    import os
+
+    from helpers.datamodule import PetastormDataModule
+    from helpers.model import LitClassificationModel
+    from helpers.training import train
+
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    data = PetastormDataModule(train_converter, val_converter, settings.batch_size, settings.image_size,
+                               device_id=rank, device_count=world_size)
+    return train(LitClassificationModel(class_count, image_size=settings.image_size), data, max_epochs=1,
+                 devices=1, num_nodes=world_size, strategy="ddp", default_dir=settings.default_dir)
+
+
+def ddp_train_same_shard(train_converter, val_converter, class_count, settings, local_mode):
+    import os
+
+    from helpers.datamodule import PetastormDataModule
+    from helpers.model import LitClassificationModel
+    from helpers.training import train
+
+    world_size = int(os.environ["WORLD_SIZE"])
+    layout = {"devices": world_size, "num_nodes": 1} if local_mode else {"devices": 1, "num_nodes": world_size}
+    data = PetastormDataModule(train_converter, val_converter, settings.batch_size, settings.image_size)
+    return train(LitClassificationModel(class_count, image_size=settings.image_size), data, max_epochs=1,
+                 strategy="ddp", default_dir=settings.default_dir, **layout)
+
+
+@pytest.fixture(scope="module")
+def small_data(spark, digits_dir: Path):
+    """A few hundred digits as Petastorm converters, 2 row groups per process."""
+    from helpers.loaders import prepare_data
+
+    return prepare_data(digits_dir, num_devices=2, spark=spark)
+
+
+@pytest.fixture()
+def ddp_namespace(spark, small_data):
+    from helpers.distributor import TrainSettings
+
+    _, train_converter, val_converter, class_names = small_data
+    settings = TrainSettings(batch_size=64, image_size=8, max_epochs=3, mlflow_experiment="not-used-by-the-check")
+    return {"spark": spark, "train_converter": train_converter, "val_converter": val_converter,
+            "class_names": class_names, "settings": settings, "WORKERS": 2, "USE_GPU": False}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answer, expected", [
+    (ddp_train_env_layout, "passed"), (ddp_train_own_trainer, "passed"),
+    (ddp_train_delegated, "failed"), (ddp_train_hard_coded, "failed"),
+    (ddp_train_distributed_layout_only, "failed"), (ddp_train_same_shard, "failed"),
+])
+def test_4_5_training_function(ddp_namespace, answer, expected):
+    assert verdict("4.5", {**ddp_namespace, "ddp_train": answer}) == expected
+
+
+@pytest.mark.slow
+def test_4_5_rank_zero_must_return(ddp_namespace, monkeypatch):
+    """The real job's reports: a function that returns nothing on rank 0 fails (checked without a job)."""
+    from helpers.checks import lesson4
+
+    reports = {rank: {"fits": [{"devices": 1, "num_nodes": 2, "world_size": 2, "global_rank": rank,
+                                "strategy": "DDPStrategy", "gpu": False, "shard": [rank, 2]}], "returned": False}
+               for rank in range(2)}
+    monkeypatch.setattr(lesson4, "_on_workers", lambda *args: lesson4._judge_reports(reports, 2, False))
+    assert verdict("4.5", {**ddp_namespace, "ddp_train": ddp_train_env_layout}) == "failed"
+
+
+# ------------------------------------------------------------------------------------- 4.6 resume after a lost worker
+
+
+def resume_by_epoch_in_file(trainer, model, datamodule, checkpoint_dir):
+    import torch
+
+    best, best_progress = None, (-1, -1)
+    for path in Path(checkpoint_dir).glob("*.ckpt"):
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception:
+            continue
+        progress = (state["epoch"], state["global_step"])
+        if progress > best_progress:
+            best, best_progress = str(path), progress
+    trainer.fit(model, datamodule=datamodule, ckpt_path=best)
+    return trainer
+
+
+def resume_newest_readable(trainer, model, datamodule, checkpoint_dir):
+    import torch
+
+    for path in sorted(Path(checkpoint_dir).glob("*.ckpt"), key=os.path.getmtime, reverse=True):
+        try:
+            torch.load(path, map_location="cpu", weights_only=False)
+        except Exception:
+            continue
+        return trainer.fit(model, datamodule, ckpt_path=path)
+    return trainer.fit(model, datamodule)
+
+
+def resume_last_only(trainer, model, datamodule, checkpoint_dir):
+    last = Path(checkpoint_dir) / "last.ckpt"
+    trainer.fit(model, datamodule=datamodule, ckpt_path=str(last) if last.exists() else None)
+
+
+def resume_alphabetical(trainer, model, datamodule, checkpoint_dir):
+    import torch
+
+    readable = []
+    for path in sorted(Path(checkpoint_dir).glob("epoch=*.ckpt")):
+        try:
+            torch.load(path, map_location="cpu", weights_only=False)
+            readable.append(path)
+        except Exception:
+            pass
+    trainer.fit(model, datamodule=datamodule, ckpt_path=readable[-1] if readable else None)
+
+
+def resume_weights_only(trainer, model, datamodule, checkpoint_dir):
+    import torch
+
+    last = Path(checkpoint_dir) / "last.ckpt"
+    if last.exists():
+        model.load_state_dict(torch.load(last, map_location="cpu", weights_only=False)["state_dict"])
+    trainer.fit(model, datamodule=datamodule)
+
+
+def resume_delegated(trainer, model, datamodule, checkpoint_dir):
+    from helpers.distributor import _last_checkpoint
+
+    trainer.fit(model, datamodule=datamodule, ckpt_path=_last_checkpoint(checkpoint_dir))
+
+
+@pytest.mark.parametrize("answer, expected", [
+    (resume_by_epoch_in_file, "passed"), (resume_newest_readable, "passed"),
+    (resume_last_only, "failed"), (resume_alphabetical, "failed"), (resume_weights_only, "failed"),
+    (resume_delegated, "failed"),
+])
+def test_4_6_resume(answer, expected):
+    assert verdict("4.6", {"resume_training": answer}) == expected
+
+
+# ---------------------------------------------------------------------------------------- 4.7 (stretch) task slots
+
+
+def slots_plain(executors, cores, task_cpus, gpus, task_gpus):
+    per_executor = cores // task_cpus
+    if task_gpus > 0:
+        per_executor = min(per_executor, int(gpus // task_gpus))
+    return executors * per_executor
+
+
+def slots_numpy(executors, cores, task_cpus, gpus, task_gpus):
+    import numpy as np
+
+    limits = [np.floor_divide(cores, task_cpus)] + ([np.floor(gpus / task_gpus)] if task_gpus else [])
+    return np.int64(executors) * np.min(limits).astype(np.int64)
+
+
+def slots_cores_only(executors, cores, task_cpus, gpus, task_gpus):
+    return executors * (cores // task_cpus)
+
+
+def slots_gpus_only(executors, cores, task_cpus, gpus, task_gpus):
+    return executors * int(gpus // task_gpus) if task_gpus else executors * cores
+
+
+def slots_constant(executors, cores, task_cpus, gpus, task_gpus):
+    return 2
+
+
+def slots_rounded_total(executors, cores, task_cpus, gpus, task_gpus):
+    total = executors * cores // task_cpus
+    return min(total, int(executors * gpus // task_gpus)) if task_gpus else total
+
+
+@pytest.mark.parametrize("answer, expected", [
+    (slots_plain, "passed"), (slots_numpy, "passed"),
+    (slots_cores_only, "failed"), (slots_gpus_only, "failed"), (slots_constant, "failed"),
+    (slots_rounded_total, "failed"),
+])
+def test_4_7_task_slots(answer, expected):
+    assert verdict("4.7", {"max_processes": answer}) == expected
+
+
+def test_unanswered_exercises_are_not_attempted():
+    def stub(*args):
+        ...
+
+    for exercise, names in {"4.2": ["launch_on_workers"], "4.3": ["make_torch_distributor", "trainer_layout"],
+                            "4.4": ["launcher_table"], "4.5": ["ddp_train"], "4.6": ["resume_training"],
+                            "4.7": ["max_processes"]}.items():
+        status, _ = _run(exercise, {name: stub for name in names})
+        assert status == "not attempted", exercise
