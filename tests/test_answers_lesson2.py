@@ -370,9 +370,9 @@ def fit_run_left_open(model, datamodule, callbacks, max_epochs, experiment, trac
 def fit_default_experiment(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
     trainer = pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False, **QUIET)
     if trainer.global_rank == 0:
+        mlflow.set_tracking_uri(tracking_uri)
         mlflow.pytorch.autolog(log_models=False, silent=True)
-        with mlflow.start_run():
-            trainer.fit(model, datamodule=datamodule)
+    trainer.fit(model, datamodule=datamodule)
 
 
 def fit_hard_coded_epochs(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):

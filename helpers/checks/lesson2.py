@@ -367,11 +367,11 @@ def callbacks(make_callbacks) -> str:
             raise CheckFailed(f"asked for patience={patience}, min_delta={min_delta}, got patience="
                               f"{stop.patience}, min_delta={abs(stop.min_delta)}: pass the arguments through")
         if save.monitor != "val_loss" or save.mode != "min" or not save.save_last or save.save_top_k == 0:
-            raise CheckFailed("ModelCheckpoint should keep the best val_loss (mode 'min') and the last epoch "
+            raise CheckFailed("ModelCheckpoint should keep the best val_loss (mode 'min') and a last.ckpt "
                               "(save_last=True)")
         if save.dirpath is None or Path(save.dirpath).resolve() != Path(folder).resolve():
             raise CheckFailed(f"checkpoints go to {save.dirpath!r}, not {folder!r}: pass dirpath=checkpoint_dir")
-    return "stop on a val_loss plateau, keep the best and the last checkpoints"
+    return "stop on a val_loss plateau, keep the best checkpoint and a last.ckpt"
 
 
 def _runs(client) -> dict[str, object]:
