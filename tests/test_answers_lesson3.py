@@ -63,8 +63,8 @@ def shard_ids_loader(converter):
 
 def shard_ids_converter(converter):
     hvd.init()
-    with converter.make_torch_dataloader(batch_size=64, num_epochs=1, cur_shard=hvd.rank(),
-                                         shard_count=hvd.size()) as loader:
+    rank, size = hvd.rank(), hvd.size()
+    with make_loader(converter, 50, 8, rank, size, num_epochs=1) as loader:
         return np.concatenate([batch["row_id"].numpy() for batch in loader])
 
 
