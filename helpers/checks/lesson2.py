@@ -131,6 +131,14 @@ def _new_experiment(client, prefix: str) -> tuple[str, str]:
     return name, client.create_experiment(name, artifact_location=f"{_STORE['artifacts']}/{name}")
 
 
+def _set_env(key: str, value: str | None) -> None:
+    """Set environment variable ``key`` to ``value``, or remove it when ``value`` is None."""
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
+
+
 @contextmanager
 def _isolated_mlflow(uri: str) -> Iterator[None]:
     """Point MLflow at ``uri`` while a check trains, then restore the notebook's tracking URI and active
@@ -151,10 +159,7 @@ def _isolated_mlflow(uri: str) -> Iterator[None]:
         mlflow.pytorch.autolog(disable=True)
         utils._tracking_uri, fluent._active_experiment_id = saved_uri, saved_experiment
         for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+            _set_env(key, value)
 
 
 @contextmanager
@@ -175,10 +180,7 @@ def _as_rank(rank: int) -> Iterator[None]:
         for name, value in saved.items():
             setattr(pl.Trainer, name, value)
         rank_zero_only.rank = saved_rank
-        if saved_env is None:
-            os.environ.pop("RANK", None)
-        else:
-            os.environ["RANK"] = saved_env
+        _set_env("RANK", saved_env)
 
 
 # ---------------------------------------------------------------------------------------------------------------
