@@ -206,7 +206,7 @@ def _ids_spec():
 
 
 def _opened(loader_or_context):
-    """Enter what an answer returned: Petastorm's context manager, or a loader used as one."""
+    """What an answer returned, if a ``with`` block can open it (Petastorm's context manager, or its loader)."""
     if hasattr(loader_or_context, "__enter__"):
         return loader_or_context
     raise CheckFailed(f"return the loader's context manager (converter.make_torch_dataloader(...)), "
