@@ -13,11 +13,14 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
+from pyspark import cloudpickle as spark_cloudpickle
 
 from helpers.checks import _run
 
-# the answers below run in torchrun processes that cannot import this test module: ship them by value
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
+# the answers below run in torchrun processes that cannot import this test module: ship them by value (Spark and
+# TorchDistributor pickle with pyspark's own copy of cloudpickle)
+for _pickler in (cloudpickle, spark_cloudpickle):
+    _pickler.register_pickle_by_value(sys.modules[__name__])
 
 
 def verdict(exercise: str, answer) -> str:

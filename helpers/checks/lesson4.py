@@ -231,7 +231,8 @@ def _recorded_fits(records: list[dict[str, Any]], stop: bool) -> Iterator[None]:
 @contextmanager
 def _torchrun_env(rank: int, world_size: int, local_mode: bool) -> Iterator[None]:
     """This process's environment as ``torchrun`` sets it for ``rank`` of ``world_size`` (one node with all of them
-    locally, one node per process on workers); Lightning's rank-zero state is restored afterwards."""
+    locally, one node per process on workers), not a notebook's to Lightning (a torchrun process is not one);
+    Lightning's rank-zero state is restored afterwards."""
     from lightning_fabric.utilities import rank_zero as fabric_rank_zero
     from pytorch_lightning.utilities import rank_zero
 
@@ -243,7 +244,8 @@ def _torchrun_env(rank: int, world_size: int, local_mode: bool) -> Iterator[None
     saved_ranks = (rank_zero.rank_zero_only.rank, fabric_rank_zero.rank_zero_only.rank)
     os.environ.update({key: str(value) for key, value in env.items()})
     try:
-        yield
+        with mock.patch("pytorch_lightning.trainer.connectors.accelerator_connector._IS_INTERACTIVE", False):
+            yield
     finally:
         for key, value in saved_env.items():
             if value is None:
