@@ -2,8 +2,8 @@
 
 Every check calls the answer on inputs it generates from a fixed seed (other sizes, class counts, learning
 rates, epochs), so a hard-coded answer fails and the verdict is the same on every run. Trainings run on tiny
-models and data made here; MLflow checks use a throw-away store of their own and leave the notebook's MLflow
-settings as they were.
+models and data made here, in a temporary folder (whatever an answer writes to its working directory goes
+there); MLflow checks use a throw-away store of their own and leave the notebook's MLflow settings as they were.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import tempfile
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import chdir, contextmanager
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -118,10 +118,14 @@ _STORE: dict[str, str] = {}
 
 
 def _tracking_store() -> str:
-    """The URI of this process's private MLflow store (SQLite in a temporary folder, created once)."""
+    """The URI of this process's private MLflow store (SQLite in a temporary folder, created once, with every
+    experiment's artifacts in that folder too, the default experiment's included)."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
     if "uri" not in _STORE:
         folder = Path(tempfile.mkdtemp(prefix="course-check-l2-"))
         _STORE.update(uri=f"sqlite:///{folder / 'mlflow.db'}", artifacts=(folder / "artifacts").as_uri())
+        SqlAlchemyStore(_STORE["uri"], _STORE["artifacts"])
     return _STORE["uri"]
 
 
@@ -406,7 +410,7 @@ def tracked_fit(fit_tracked) -> str:
         model = _TinyClassifier(seed=1)
         given = [EarlyStopping(monitor="val_loss", min_delta=1e3, patience=patience),
                  ModelCheckpoint(dirpath=Path(folder, "rank0"), monitor="val_loss", save_last=True)]
-        with _isolated_mlflow(uri), own_work(train, setup_mlflow):
+        with _isolated_mlflow(uri), own_work(train, setup_mlflow), chdir(folder):
             fit_tracked(model, _TinyData(steps=3, seed=2), given, max_epochs, experiment, uri)
             left_open = mlflow.active_run() is not None
         rank0_runs = set(_runs(client)) - set(before)
@@ -414,7 +418,7 @@ def tracked_fit(fit_tracked) -> str:
         other = _TinyClassifier(seed=3)
         callbacks_other = [EarlyStopping(monitor="val_loss", patience=9),
                            ModelCheckpoint(dirpath=Path(folder, "rank1"), monitor="val_loss", save_last=True)]
-        with _isolated_mlflow(uri), own_work(train, setup_mlflow), _as_rank(1):
+        with _isolated_mlflow(uri), own_work(train, setup_mlflow), _as_rank(1), chdir(folder):
             fit_tracked(other, _TinyData(steps=3, seed=4), callbacks_other, 2, experiment, uri)
         rank1_runs = set(_runs(client)) - set(before) - rank0_runs
     if not model.epochs:
@@ -459,7 +463,7 @@ def _check_resume(resume, done: int, more: int, steps: int, seed: int) -> None:
         first.fit(_TinyClassifier(seed=seed + 1), datamodule=data)
         saved = torch.load(saver.last_model_path, map_location="cpu", weights_only=False)
         model = _TinyClassifier(seed=seed + 2)
-        with own_work(train):
+        with own_work(train), chdir(folder):
             resume(model, data, saver.last_model_path, done + more)
     if not model.starts:
         raise CheckFailed("nothing was trained: call trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)")
