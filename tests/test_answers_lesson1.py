@@ -12,7 +12,6 @@ import math
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from petastorm import TransformSpec

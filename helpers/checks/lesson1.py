@@ -334,6 +334,11 @@ def _rows(rng: random.Random, classes: list[str], count: int, tag: str) -> list[
     return [(f"/lake/{tag}/{label}/{i}.png", label) for i, label in enumerate(labels)]
 
 
+def _without(rows: list[tuple[str, str]], name: str) -> list[tuple[str, str]]:
+    """``rows`` less those of class ``name`` (what a bad cleaning job writes)."""
+    return [row for row in rows if row[1] != name]
+
+
 def _damaged_histories(rng: random.Random) -> list[tuple[list[tuple[str, list]], int]]:
     """Histories of writes ``(mode, rows)``, each with the last version that holds every class.
 
@@ -344,22 +349,18 @@ def _damaged_histories(rng: random.Random) -> list[tuple[list[tuple[str, list]],
         names = _class_names(rng, rng.randint(3, 5))
         dropped, other = rng.sample(names, 2)
         good = _rows(rng, names, rng.randint(30, 40), f"{shape}-good")
-
-        def without(rows, name):
-            return [row for row in rows if row[1] != name]
-
         if shape == 0:
             more = _rows(rng, names, rng.randint(5, 15), "more")
             tail = _rows(rng, [n for n in names if n != dropped], rng.randint(4, 9), "tail")
-            writes = [("overwrite", good), ("append", more), ("overwrite", without(good + more, dropped)),
+            writes = [("overwrite", good), ("append", more), ("overwrite", _without(good + more, dropped)),
                       ("append", tail)]
             histories.append((writes, 1))
         elif shape == 1:
-            histories.append(([("overwrite", good), ("overwrite", without(good, dropped))], 0))
+            histories.append(([("overwrite", good), ("overwrite", _without(good, dropped))], 0))
         else:
             fixed = _rows(rng, names, rng.randint(8, 15), "fix")
-            writes = [("overwrite", good), ("overwrite", without(good, dropped)), ("overwrite", fixed),
-                      ("overwrite", without(fixed, other))]
+            writes = [("overwrite", good), ("overwrite", _without(good, dropped)), ("overwrite", fixed),
+                      ("overwrite", _without(fixed, other))]
             histories.append((writes, 2))
     return histories
 
