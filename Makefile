@@ -5,7 +5,7 @@ SETUP_DONE := .venv/.setup-done
 GPU ?= 0
 NOTEBOOKS := $(wildcard solutions/[0-9][0-9]_*.ipynb)
 
-.PHONY: setup course test lessons lab mlflow clean bench
+.PHONY: setup course lint test test-fast lessons lab mlflow clean bench
 
 setup: $(SETUP_DONE)
 
@@ -29,9 +29,19 @@ course: setup
 	done
 	@echo "Executed notebooks are in build/."
 
-test: setup
+# ruff's lint and format check (configured in pyproject.toml); part of both test targets.
+lint: setup
+	$(PY) -m ruff check --quiet .
+	$(PY) -m ruff format --check --quiet .
+
+test: lint
 	$(PY) -m helpers.course build --check
 	$(PY) -m pytest -q
+
+# The inner loop (< 3 min on 2 cores): everything not marked slow (no notebook runs, no multi-process trainings).
+test-fast: lint
+	$(PY) -m helpers.course build --check
+	$(PY) -m pytest -q -m "not slow"
 
 lessons: setup
 	$(PY) -m helpers.course build

@@ -28,8 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=MIN_REPEATS)
     parser.add_argument("--quick", action="store_true", help="tiny sizes, results to benchmarks/out/")
     parser.add_argument("--only", default=",".join(PARTS))
-    parser.add_argument("--notebooks", default="all",
-                        help="part 4: 'all' (default), 'none', or solution notebook names separated by commas")
+    parser.add_argument(
+        "--notebooks",
+        default="all",
+        help="part 4: 'all' (default), 'none', or solution notebook names separated by commas",
+    )
     args = parser.parse_args(argv)
     parts = [p.strip() for p in args.only.split(",") if p.strip()]
     unknown = set(parts) - set(PARTS)
@@ -43,8 +46,10 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     machine = machine_info()
-    log(f"machine: {machine['cores']} cores, {machine['cpu_model']}, load {machine['load_average_at_start']}, "
-        f"python {machine['versions']['python']}, torch {machine['versions']['torch']}")
+    log(
+        f"machine: {machine['cores']} cores, {machine['cpu_model']}, load {machine['load_average_at_start']}, "
+        f"python {machine['versions']['python']}, torch {machine['versions']['torch']}"
+    )
     results: list[Comparison | Measurement] = []
     features = labels = None
     q = args.quick

@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +65,11 @@ def profile_text(fn: Callable[[], Any], rows: int) -> str:
 
 def cumulative_seconds(stats: pstats.Stats, path_suffix: str, function: str) -> float:
     """Cumulative seconds of the profiled functions named ``function`` in files ending with ``path_suffix``."""
-    return sum(entry[3] for (path, _, name), entry in stats.stats.items()  # type: ignore[attr-defined]
-               if name == function and path.replace("\\", "/").endswith(path_suffix))
+    return sum(
+        entry[3]
+        for (path, _, name), entry in stats.stats.items()  # type: ignore[attr-defined]
+        if name == function and path.replace("\\", "/").endswith(path_suffix)
+    )
 
 
 def median(values: list[float]) -> float:
@@ -100,8 +103,12 @@ def shortfall(value: float, target: float, direction: str) -> float:
     return abs(value - target) / target
 
 
-def alternate(variants: dict[str, Callable[[], float | dict[str, float]]], repeats: int = MIN_REPEATS,
-              warmup: bool = True, log: Callable[[str], None] = print) -> dict[str, list[float]]:
+def alternate(
+    variants: dict[str, Callable[[], float | dict[str, float]]],
+    repeats: int = MIN_REPEATS,
+    warmup: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict[str, list[float]]:
     """Call every variant ``repeats`` times, in turn (A, B, C, A, B, C, ...); return each one's measurements.
 
     Each callable returns its own measurement (seconds, or a rate), or several measurements of one call as a
@@ -110,7 +117,7 @@ def alternate(variants: dict[str, Callable[[], float | dict[str, float]]], repea
     """
     repeats = max(repeats, MIN_REPEATS)
     if warmup:
-        for name, fn in variants.items():
+        for fn in variants.values():
             fn()
     results: dict[str, list[float]] = {}
     for i in range(repeats):
@@ -166,8 +173,12 @@ class Comparison:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        data.update(ratio=self.ratio, passed=None if self.report_only else self.passed, medians=self.medians(),
-                    shortfall=self.gap)
+        data.update(
+            ratio=self.ratio,
+            passed=None if self.report_only else self.passed,
+            medians=self.medians(),
+            shortfall=self.gap,
+        )
         return data
 
 
@@ -206,7 +217,7 @@ def machine_info() -> dict[str, Any]:
         except Exception:  # noqa: BLE001 - a missing package is just reported as missing
             versions[module] = "missing"
     return {
-        "when_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+        "when_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S"),
         "cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "cpu_model": model,
@@ -221,7 +232,7 @@ def machine_info() -> dict[str, Any]:
 class Timer:
     """``with Timer() as t: ...``; then ``t.seconds``."""
 
-    def __enter__(self) -> "Timer":
+    def __enter__(self) -> Timer:
         self.start = time.perf_counter()
         return self
 
@@ -229,11 +240,20 @@ class Timer:
         self.seconds = time.perf_counter() - self.start
 
 
-def write_report(machine: dict[str, Any], results: list[Comparison | Measurement], total_s: float,
-                 missing: list[str], out_dir: Path = BENCH_DIR) -> tuple[Path, Path]:
+def write_report(
+    machine: dict[str, Any],
+    results: list[Comparison | Measurement],
+    total_s: float,
+    missing: list[str],
+    out_dir: Path = BENCH_DIR,
+) -> tuple[Path, Path]:
     """Write ``results.json`` and ``results.md`` (a table, then each benchmark's notes and profile)."""
-    data = {"machine": machine, "total_wall_s": round(total_s, 1), "not_measured": missing,
-            "results": [r.to_json() for r in results]}
+    data = {
+        "machine": machine,
+        "total_wall_s": round(total_s, 1),
+        "not_measured": missing,
+        "results": [r.to_json() for r in results],
+    }
     json_path = out_dir / "results.json"
     json_path.write_text(json.dumps(data, indent=2) + "\n")
 
@@ -258,8 +278,9 @@ def write_report(machine: dict[str, Any], results: list[Comparison | Measurement
             shown = ", ".join(f"{k}: {med[k]:.4g} {r.metric}" for k in r.values)
             verdict = r.verdict + (f" (by {r.gap:.1%})" if r.gap else "")
             target = "none" if r.report_only else f"{r.direction} {r.target}"
-            lines.append(f"| {r.name} | {r.numerator} / {r.denominator} | {shown} | {r.ratio:.3f} | "
-                         f"{target} | {verdict} |")
+            lines.append(
+                f"| {r.name} | {r.numerator} / {r.denominator} | {shown} | {r.ratio:.3f} | {target} | {verdict} |"
+            )
         else:
             shown = ", ".join(f"{k}: {median(vals):.4g}" for k, vals in r.values.items() if vals)
             lines.append(f"| {r.name} | (no comparator) | {shown} | | | reported |")

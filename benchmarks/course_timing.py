@@ -94,17 +94,35 @@ class CourseBench:
             values["wall_s"].append(run["wall_s"])
             values["peak_tree_mib"].append(run["peak_tree_mib"])
             log(f"    rep {i + 1} make setup (no-op): {run['wall_s']:.3g} s")
-        return Measurement("4a. make setup, nothing to do", values, [
-            f"Wall time around the command, after one unrecorded call ({first['wall_s']:.2g} s). A command this "
-            "short may end before the first memory sample, so its peak can read 0."])
+        return Measurement(
+            "4a. make setup, nothing to do",
+            values,
+            [
+                f"Wall time around the command, after one unrecorded call ({first['wall_s']:.2g} s). A command this "
+                "short may end before the first memory sample, so its peak can read 0."
+            ],
+        )
 
     def notebook(self, name: str, log=print) -> dict[str, float]:
         out = self.out_dir / "notebooks"
         out.mkdir(parents=True, exist_ok=True)
-        run = run_sampled([sys.executable, "-m", "papermill", "--kernel", "python3", "--log-level", "WARNING",
-                           str(REPO / "solutions" / name), str(out / name)])
-        log(f"    {name}: {run['wall_s']:.0f} s, peak {run['peak_tree_mib']:.0f} MiB (tree), "
-            f"{run['peak_process_mib']:.0f} MiB (one process)")
+        run = run_sampled(
+            [
+                sys.executable,
+                "-m",
+                "papermill",
+                "--kernel",
+                "python3",
+                "--log-level",
+                "WARNING",
+                str(REPO / "solutions" / name),
+                str(out / name),
+            ]
+        )
+        log(
+            f"    {name}: {run['wall_s']:.0f} s, peak {run['peak_tree_mib']:.0f} MiB (tree), "
+            f"{run['peak_process_mib']:.0f} MiB (one process)"
+        )
         return run
 
     def run(self, log=print) -> list[Measurement]:
@@ -121,6 +139,7 @@ class CourseBench:
                     f"{sum(r['wall_s'] for r in runs.values()):.0f} s; the largest process tree held "
                     f"{max(r['peak_tree_mib'] for r in runs.values()):.0f} MiB. `peak_tree_mib`: the kernel, "
                     "Spark's JVMs and the training workers together; `peak_process_mib`: the largest one. "
-                    "Sampled every 0.1 s, so a shorter spike can be missed.")
+                    "Sampled every 0.1 s, so a shorter spike can be missed."
+                )
             results.append(Measurement(f"4b. {name} under papermill", {k: [v] for k, v in run.items()}, notes))
         return results

@@ -44,15 +44,14 @@ def _pin(rank: int) -> None:
     torch.set_num_threads(1)
 
 
-def _train_phases(make_strategy, devices: int, rank: int, world: int,
-                  phases: list[tuple[int, int, int]]) -> dict[int, float]:
+def _train_phases(
+    make_strategy, devices: int, rank: int, world: int, phases: list[tuple[int, int, int]]
+) -> dict[int, float]:
     """For each ``(global_batch, warmup, steps)``: a fresh model and Trainer; {global batch: samples/s}."""
-    return {gb: _train_steps(make_strategy(), devices, rank, world, gb, warmup, steps)
-            for gb, warmup, steps in phases}
+    return {gb: _train_steps(make_strategy(), devices, rank, world, gb, warmup, steps) for gb, warmup, steps in phases}
 
 
-def _train_steps(strategy, devices: int, rank: int, world: int, global_batch: int, warmup: int,
-                 steps: int) -> float:
+def _train_steps(strategy, devices: int, rank: int, world: int, global_batch: int, warmup: int, steps: int) -> float:
     """Train ``warmup + steps`` steps on this rank's shard; return global samples/s over the timed steps."""
     import pytorch_lightning as pl
     import torch
@@ -93,12 +92,22 @@ def _train_steps(strategy, devices: int, rank: int, world: int, global_batch: in
             return Cycle()
 
     torch.manual_seed(0)
-    model = LitClassificationModel(class_count=CLASSES, learning_rate=0.01, backbone="small_cnn",
-                                   image_size=IMAGE_SIZE)
+    model = LitClassificationModel(class_count=CLASSES, learning_rate=0.01, backbone="small_cnn", image_size=IMAGE_SIZE)
     timer = StepTimer()
-    trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_epochs=1, max_steps=total,
-                         limit_val_batches=0, num_sanity_val_steps=0, enable_checkpointing=False, logger=False,
-                         enable_progress_bar=False, enable_model_summary=False, callbacks=[timer])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        max_epochs=1,
+        max_steps=total,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        enable_checkpointing=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[timer],
+    )
     trainer.fit(model, datamodule=Data())
     return global_batch * steps / (timer.end - timer.start)
 
@@ -128,8 +137,11 @@ def profiled_horovod_worker(global_batch: int, warmup: int, steps: int) -> tuple
     from benchmarks.common import profile_stats, stats_text
 
     stats = profile_stats(lambda: horovod_worker([(global_batch, warmup, steps)]))
-    waits = [entry for (_, _, name), entry in stats.stats.items()  # type: ignore[attr-defined]
-             if "horovod_torch_wait_and_clear" in name]
+    waits = [
+        entry
+        for (_, _, name), entry in stats.stats.items()  # type: ignore[attr-defined]
+        if "horovod_torch_wait_and_clear" in name
+    ]
     return stats_text(stats, 12), sum(e[2] for e in waits), sum(e[1] for e in waits)
 
 
@@ -168,13 +180,23 @@ def run_ddp(world: int, phases: list[tuple[int, int, int]], timeout: float = 180
     repo = str(Path(__file__).resolve().parent.parent)
     with tempfile.TemporaryDirectory(prefix="bench-ddp-") as tmp:
         out = os.path.join(tmp, "result.json")
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world),
-                   NODE_RANK="0", PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
+        env = dict(
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(_free_port()),
+            WORLD_SIZE=str(world),
+            NODE_RANK="0",
+            PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]),
+        )
         procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "benchmarks.horovod_scaling", "ddp-worker", out, json.dumps(phases)],
-                env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), cwd=repo,
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                cwd=repo,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             for r in range(world)
         ]
         errors = []
@@ -207,57 +229,106 @@ class HorovodScalingBench:
     def run(self, repeats: int, log=print) -> list[Comparison]:
         gb, lb, w, s = self.global_batch, self.large_batch, self.warmup, self.steps
         phases = [(gb, w, s)] + ([(lb, w, max(10, s // 4))] if lb else [])
-        log(f"  per launch: global batch {gb} ({w} warm-up + {s} timed steps)"
-            + (f", then global batch {lb} ({w} + {max(10, s // 4)})" if lb else "") + "; one unrecorded launch first")
+        log(
+            f"  per launch: global batch {gb} ({w} warm-up + {s} timed steps)"
+            + (f", then global batch {lb} ({w} + {max(10, s // 4)})" if lb else "")
+            + "; one unrecorded launch first"
+        )
         run_horovod(2, [(gb, 2, 4)])  # first launch: file caches, Horovod's start-up paths
-        values = alternate({
-            "horovod_1": lambda: run_horovod(1, phases),
-            "horovod_2": lambda: run_horovod(2, phases),
-            "ddp_2": lambda: run_ddp(2, phases),
-            "ddp_1": lambda: run_ddp(1, phases),
-        }, repeats, warmup=False, log=log)
+        values = alternate(
+            {
+                "horovod_1": lambda: run_horovod(1, phases),
+                "horovod_2": lambda: run_horovod(2, phases),
+                "ddp_2": lambda: run_ddp(2, phases),
+                "ddp_1": lambda: run_ddp(1, phases),
+            },
+            repeats,
+            warmup=False,
+            log=log,
+        )
 
         def pick(batch: int, *names: str) -> dict[str, list[float]]:
             return {name: values[f"{name}@{batch}"] for name in names}
 
-        scaling = Comparison(f"3a. Horovod, 2 processes vs 1 (global batch {gb})", "samples/s", "horovod_2",
-                             "horovod_1", 1.6, ">=", pick(gb, "horovod_2", "horovod_1"))
-        versus = Comparison(f"3b. HorovodStrategy vs Lightning DDP, 2 processes (global batch {gb})", "samples/s",
-                            "horovod_2", "ddp_2", 0.9, ">=", pick(gb, "horovod_2", "ddp_2"))
-        versus.notes.append("Target 'within 10% of DDP' read as HorovodStrategy throughput >= 0.9 x DDP's "
-                            "(a ratio above 1 means Horovod is faster).")
+        scaling = Comparison(
+            f"3a. Horovod, 2 processes vs 1 (global batch {gb})",
+            "samples/s",
+            "horovod_2",
+            "horovod_1",
+            1.6,
+            ">=",
+            pick(gb, "horovod_2", "horovod_1"),
+        )
+        versus = Comparison(
+            f"3b. HorovodStrategy vs Lightning DDP, 2 processes (global batch {gb})",
+            "samples/s",
+            "horovod_2",
+            "ddp_2",
+            0.9,
+            ">=",
+            pick(gb, "horovod_2", "ddp_2"),
+        )
+        versus.notes.append(
+            "Target 'within 10% of DDP' read as HorovodStrategy throughput >= 0.9 x DDP's "
+            "(a ratio above 1 means Horovod is faster)."
+        )
         results = [scaling, versus]
         if lb:
             results += [
-                Comparison(f"3c. Horovod, 2 processes vs 1 (global batch {lb})", "samples/s", "horovod_2",
-                           "horovod_1", 1.6, ">=", pick(lb, "horovod_2", "horovod_1")),
-                Comparison(f"3c'. HorovodStrategy vs Lightning DDP, 2 processes (global batch {lb})", "samples/s",
-                           "horovod_2", "ddp_2", 0.9, ">=", pick(lb, "horovod_2", "ddp_2")),
+                Comparison(
+                    f"3c. Horovod, 2 processes vs 1 (global batch {lb})",
+                    "samples/s",
+                    "horovod_2",
+                    "horovod_1",
+                    1.6,
+                    ">=",
+                    pick(lb, "horovod_2", "horovod_1"),
+                ),
+                Comparison(
+                    f"3c'. HorovodStrategy vs Lightning DDP, 2 processes (global batch {lb})",
+                    "samples/s",
+                    "horovod_2",
+                    "ddp_2",
+                    0.9,
+                    ">=",
+                    pick(lb, "horovod_2", "ddp_2"),
+                ),
             ]
-        results.append(Comparison(f"3d. For reference: Lightning DDP, 2 processes vs 1 (global batch {gb})",
-                                  "samples/s", "ddp_2", "ddp_1", 1.6, ">=", pick(gb, "ddp_2", "ddp_1"),
-                                  report_only=True))
+        results.append(
+            Comparison(
+                f"3d. For reference: Lightning DDP, 2 processes vs 1 (global batch {gb})",
+                "samples/s",
+                "ddp_2",
+                "ddp_1",
+                1.6,
+                ">=",
+                pick(gb, "ddp_2", "ddp_1"),
+                report_only=True,
+            )
+        )
         from statistics import median
 
         step_ms = {k: 1000 * gb / median(v) for k, v in pick(gb, "horovod_1", "horovod_2", "ddp_1", "ddp_2").items()}
         split = (
-            f"Time per optimizer step (global batch {gb}, medians): " + ", ".join(
-                f"{k} {v:.1f} ms" for k, v in step_ms.items()) +
-            f". Perfect scaling would make a 2-process step half a 1-process one: HorovodStrategy "
+            f"Time per optimizer step (global batch {gb}, medians): "
+            + ", ".join(f"{k} {v:.1f} ms" for k, v in step_ms.items())
+            + f". Perfect scaling would make a 2-process step half a 1-process one: HorovodStrategy "
             f"{step_ms['horovod_1'] / 2:.1f} ms ideal vs {step_ms['horovod_2']:.1f} ms measured "
             f"({step_ms['horovod_2'] - step_ms['horovod_1'] / 2:+.1f} ms per step for the allreduce, waiting and "
             f"Lightning's per-step work, which do not shrink with the batch); DDP {step_ms['ddp_1'] / 2:.1f} ms "
             f"ideal vs {step_ms['ddp_2']:.1f} ms. With {gb // 2} images per process a step is short, so this fixed "
-            "part weighs heavily" + (f"; at global batch {lb} (3c) it is spread over {lb // gb}x the work." if lb
-                                     else "."))
+            "part weighs heavily"
+            + (f"; at global batch {lb} (3c) it is spread over {lb // gb}x the work." if lb else ".")
+        )
         scaling.notes.append(split)
         versus.notes.append(split)
         if not scaling.passed:
             from helpers.horovod_runner import HorovodRunner
 
             total = w + s
-            scaling.profile, wait_s, wait_calls = HorovodRunner(np=-2).run(profiled_horovod_worker,
-                                                                          global_batch=gb, warmup=w, steps=s)
+            scaling.profile, wait_s, wait_calls = HorovodRunner(np=-2).run(
+                profiled_horovod_worker, global_batch=gb, warmup=w, steps=s
+            )
             scaling.notes.append(
                 f"Profile of rank 0 in a 2-process job ({total} steps at global batch {gb}, below): besides the "
                 f"compute kernels, rank 0 waits in `horovod_torch_wait_and_clear` for {1000 * wait_s / total:.1f} "
@@ -265,14 +336,16 @@ class HorovodScalingBench:
                 "DistributedOptimizer allreduces, plus the synchronous allreduce of `self.log(..., "
                 "sync_dist=True, on_step=True)` for train_loss). Horovod sends the gradients in its background "
                 "thread's cycles, so part of each step's communication cannot overlap the backward pass of "
-                "a model this small.")
+                "a model this small."
+            )
         fixed = (
             "Found and fixed while writing this benchmark: `horovod.run` (0.28.1) hands its workers "
-            "HOROVOD_CYCLE_TIME and HOROVOD_CACHE_CAPACITY as the text \"(None,)\", which Horovod reads as 0: its "
+            'HOROVOD_CYCLE_TIME and HOROVOD_CACHE_CAPACITY as the text "(None,)", which Horovod reads as 0: its '
             "background thread then polled without pause, took about half of the pinned core and made a "
             "1-process HorovodRunner job train at about 0.4-0.6 x a 1-process DDP one (and flattered 3a, which "
             "read 2.1-2.8). `helpers.horovod_runner` now restores the driver's values or Horovod's defaults in "
-            "every worker (tested in tests/test_horovod_runner.py).")
+            "every worker (tested in tests/test_horovod_runner.py)."
+        )
         scaling.notes.append(fixed)
         return results
 

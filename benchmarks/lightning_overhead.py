@@ -25,8 +25,10 @@ class Batches:
     several dataloaders)."""
 
     def __init__(self, features, labels, batch_size: int) -> None:
-        self.batches = [{"features": features[i:i + batch_size], "label_index": labels[i:i + batch_size]}
-                        for i in range(0, len(labels), batch_size)]
+        self.batches = [
+            {"features": features[i : i + batch_size], "label_index": labels[i : i + batch_size]}
+            for i in range(0, len(labels), batch_size)
+        ]
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -50,8 +52,9 @@ class LightningOverheadBench:
         torch.manual_seed(0)
         from helpers.model import LitClassificationModel
 
-        self.initial = LitClassificationModel(class_count=10, learning_rate=LEARNING_RATE, backbone="small_cnn",
-                                              image_size=int(features.shape[-1]))
+        self.initial = LitClassificationModel(
+            class_count=10, learning_rate=LEARNING_RATE, backbone="small_cnn", image_size=int(features.shape[-1])
+        )
         self.steps = self.epochs * len(self.train_batches)
         self.tmp = tempfile.TemporaryDirectory(prefix="bench-lightning-")
 
@@ -79,8 +82,16 @@ class LightningOverheadBench:
 
         model = copy.deepcopy(self.initial)
         started = time.perf_counter()
-        train(model, InMemory(), max_epochs=self.epochs, early_stopping=False, mlflow_experiment=None,
-              progress_bar=False, default_dir=tempfile.mkdtemp(dir=self.tmp.name), logging_level=logging.ERROR)
+        train(
+            model,
+            InMemory(),
+            max_epochs=self.epochs,
+            early_stopping=False,
+            mlflow_experiment=None,
+            progress_bar=False,
+            default_dir=tempfile.mkdtemp(dir=self.tmp.name),
+            logging_level=logging.ERROR,
+        )
         return time.perf_counter() - started
 
     #: (label, file suffix, function) of the Lightning costs the report breaks out of the profile
@@ -108,10 +119,18 @@ class LightningOverheadBench:
         try:
             log(f"  {self.epochs} epochs x {len(self.train_batches)} steps (+ validation), {self.threads} torch thread")
             values = alternate({"lightning_train": self.lightning, "plain_loop": self.plain}, repeats, log=log)
-            result = Comparison("2. Lightning train(...) vs the plain PyTorch loop", "s", "lightning_train",
-                                "plain_loop", 1.10, "<=", values)
+            result = Comparison(
+                "2. Lightning train(...) vs the plain PyTorch loop",
+                "s",
+                "lightning_train",
+                "plain_loop",
+                1.10,
+                "<=",
+                values,
+            )
             result.notes.append(
-                f"Same work in both: {self.epochs} epochs (lesson 2's MAX_EPOCHS) = {self.steps} training steps, {self.epochs} validation passes, lesson 2's "
+                f"Same work in both: {self.epochs} epochs (lesson 2's MAX_EPOCHS) = {self.steps} training steps, "
+                f"{self.epochs} validation passes, lesson 2's "
                 f"small_cnn on {self.threads} torch thread, in-memory batches. train(...) also runs Lightning's 2 "
                 "sanity validation steps and writes a checkpoint (best and last) after every epoch."
             )
@@ -129,7 +148,8 @@ class LightningOverheadBench:
                     "issue #20388, with an open fix in PR #21769), and lesson 2's "
                     "model logs once per training step and once per validation batch. That is the idiomatic "
                     "Lightning way the lesson teaches, so it stays; on a larger model or larger batches these fixed "
-                    "costs shrink relative to the step.")
+                    "costs shrink relative to the step."
+                )
             return [result]
         finally:
             torch.set_num_threads(previous)

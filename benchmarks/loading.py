@@ -107,22 +107,34 @@ class LoadingBench:
         import torch
         from torch.utils.data import DataLoader, TensorDataset
 
-        loader = DataLoader(TensorDataset(self.features, self.labels), batch_size=BATCH_SIZE, shuffle=True,
-                            generator=torch.Generator().manual_seed(0))
+        loader = DataLoader(
+            TensorDataset(self.features, self.labels),
+            batch_size=BATCH_SIZE,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(0),
+        )
         return _consume(_endless(loader), self.warmup, self.batches, lambda b: b[0])
 
-    def petastorm_predecoded(self, reader_pool_type: str = "thread", workers_count: int | None = None,
-                             batched: bool = True) -> float:
+    def petastorm_predecoded(
+        self, reader_pool_type: str = "thread", workers_count: int | None = None, batched: bool = True
+    ) -> float:
         """(a): uint8 bytes from the table -> one array per row group -> batches -> normalised float32."""
         from petastorm import TransformSpec
         from petastorm.pytorch import BatchedDataLoader
 
-        spec = TransformSpec(functools.partial(_bytes_to_pixels, image_size=IMAGE_SIZE),
-                             edit_fields=[("pixels", np.uint8, (3, IMAGE_SIZE, IMAGE_SIZE), False)])
+        spec = TransformSpec(
+            functools.partial(_bytes_to_pixels, image_size=IMAGE_SIZE),
+            edit_fields=[("pixels", np.uint8, (3, IMAGE_SIZE, IMAGE_SIZE), False)],
+        )
         with self.decoded_converter.make_torch_dataloader(
-            transform_spec=spec, data_loader_fn=BatchedDataLoader if batched else None,
-            batch_size=BATCH_SIZE, num_epochs=None, workers_count=workers_count or self.workers_count,
-            shuffling_queue_capacity=4 * BATCH_SIZE, seed=0, shuffle_row_groups=True,
+            transform_spec=spec,
+            data_loader_fn=BatchedDataLoader if batched else None,
+            batch_size=BATCH_SIZE,
+            num_epochs=None,
+            workers_count=workers_count or self.workers_count,
+            shuffling_queue_capacity=4 * BATCH_SIZE,
+            seed=0,
+            shuffle_row_groups=True,
             reader_pool_type=reader_pool_type,
         ) as loader:
             return _consume(iter(loader), self.warmup, self.batches, lambda b: _normalise(b["pixels"]))
@@ -130,18 +142,27 @@ class LoadingBench:
     def petastorm_float_rows(self) -> float:
         """The float32 array<float> layout with Petastorm's row-by-row DataLoader (no TransformSpec)."""
         with self.float_converter.make_torch_dataloader(
-            batch_size=BATCH_SIZE, num_epochs=None, workers_count=self.workers_count,
-            shuffling_queue_capacity=4 * BATCH_SIZE, seed=0, shuffle_row_groups=True,
+            batch_size=BATCH_SIZE,
+            num_epochs=None,
+            workers_count=self.workers_count,
+            shuffling_queue_capacity=4 * BATCH_SIZE,
+            seed=0,
+            shuffle_row_groups=True,
         ) as loader:
             size = IMAGE_SIZE
-            return _consume(iter(loader), self.warmup, self.batches,
-                            lambda b: b["features"].view(-1, 3, size, size))
+            return _consume(iter(loader), self.warmup, self.batches, lambda b: b["features"].view(-1, 3, size, size))
 
     def petastorm_decode(self, workers_count: int | None = None) -> float:
         from helpers.loaders import make_loader
 
-        with make_loader(self.bytes_converter, batch_size=BATCH_SIZE, image_size=IMAGE_SIZE, num_epochs=None,
-                         shuffle=True, workers_count=workers_count or self.workers_count) as loader:
+        with make_loader(
+            self.bytes_converter,
+            batch_size=BATCH_SIZE,
+            image_size=IMAGE_SIZE,
+            num_epochs=None,
+            shuffle=True,
+            workers_count=workers_count or self.workers_count,
+        ) as loader:
             return _consume(iter(loader), self.warmup, self.batches, lambda b: b["features"])
 
     def decode_only(self) -> float:
@@ -164,14 +185,35 @@ class LoadingBench:
         log(f"  setup: lake table, converters ({IMAGE_SIZE}x{IMAGE_SIZE}, batch {BATCH_SIZE})")
         self.setup()
         log(f"  {self.rows} training images; {self.batches} batches timed per repetition after {self.warmup}")
-        values = alternate({"in_memory": self.in_memory, "petastorm_predecoded": self.petastorm_predecoded,
-                            "petastorm_decode": self.petastorm_decode, "decode_only_1_thread": self.decode_only},
-                           repeats, log=log)
-        a = Comparison("1a. Petastorm loader, pre-decoded arrays", "images/s", "petastorm_predecoded", "in_memory",
-                       0.7, ">=", {k: values[k] for k in ("petastorm_predecoded", "in_memory")})
-        b = Comparison("1b. Petastorm loader, decoding in the TransformSpec (report)", "images/s",
-                       "petastorm_decode", "in_memory", 0.7, ">=",
-                       {k: values[k] for k in ("petastorm_decode", "in_memory")}, report_only=True)
+        values = alternate(
+            {
+                "in_memory": self.in_memory,
+                "petastorm_predecoded": self.petastorm_predecoded,
+                "petastorm_decode": self.petastorm_decode,
+                "decode_only_1_thread": self.decode_only,
+            },
+            repeats,
+            log=log,
+        )
+        a = Comparison(
+            "1a. Petastorm loader, pre-decoded arrays",
+            "images/s",
+            "petastorm_predecoded",
+            "in_memory",
+            0.7,
+            ">=",
+            {k: values[k] for k in ("petastorm_predecoded", "in_memory")},
+        )
+        b = Comparison(
+            "1b. Petastorm loader, decoding in the TransformSpec (report)",
+            "images/s",
+            "petastorm_decode",
+            "in_memory",
+            0.7,
+            ">=",
+            {k: values[k] for k in ("petastorm_decode", "in_memory")},
+            report_only=True,
+        )
         from statistics import median
 
         decode_alone = median(values["decode_only_1_thread"])
@@ -184,31 +226,46 @@ class LoadingBench:
             f"images/s on one thread (median, measured alternately with the loaders). The loader decoding in its "
             f"TransformSpec reached {with_decode:.0f} images/s with {self.workers_count} reader threads "
             f"({with_decode / decode_alone:.2f} x one thread's decoding alone: the transform's per-row pandas and "
-            f"numpy steps run under the GIL, and the reader threads share 2 cores with the consumer), against {predecoded:.0f} images/s for the same "
-            f"loader over pre-decoded rows (a): " + (
+            "numpy steps run under the GIL, and the reader threads share 2 cores with the consumer), against "
+            f"{predecoded:.0f} images/s for the same "
+            f"loader over pre-decoded rows (a): "
+            + (
                 f"decoding costs {1e6 / with_decode - 1e6 / predecoded:.1f} us per image in every epoch, which "
-                "decoding once into the table (a) removes." if with_decode < predecoded else
-                "at this image size the reader threads decode as fast as the loader moves pre-decoded rows, so "
-                "decoding is hidden behind Petastorm's per-row work.") + " (Measured at 32 x 32 from 8 x 8 "
-            "PNGs; larger photos cost more per image to decode, larger tensors cost more to move.)")
+                "decoding once into the table (a) removes."
+                if with_decode < predecoded
+                else "at this image size the reader threads decode as fast as the loader moves pre-decoded rows, so "
+                "decoding is hidden behind Petastorm's per-row work."
+            )
+            + " (Measured at 32 x 32 from 8 x 8 "
+            "PNGs; larger photos cost more per image to decode, larger tensors cost more to move.)"
+        )
         # tuning of (a): the loader class, reader threads, and the earlier float32 layout
-        tuning = alternate({
-            "as measured above (uint8 bytes, BatchedDataLoader, 2 reader threads)": self.petastorm_predecoded,
-            "reader workers_count=1": lambda: self.petastorm_predecoded("thread", 1),
-            "reader_pool_type=dummy (reads in the consuming thread)": lambda: self.petastorm_predecoded("dummy", 1),
-            "row-by-row DataLoader instead of BatchedDataLoader": lambda: self.petastorm_predecoded(batched=False),
-            "float32 array<float> column, row-by-row DataLoader (the first layout)": self.petastorm_float_rows,
-        }, repeats, warmup=False, log=log)
+        tuning = alternate(
+            {
+                "as measured above (uint8 bytes, BatchedDataLoader, 2 reader threads)": self.petastorm_predecoded,
+                "reader workers_count=1": lambda: self.petastorm_predecoded("thread", 1),
+                "reader_pool_type=dummy (reads in the consuming thread)": lambda: self.petastorm_predecoded("dummy", 1),
+                "row-by-row DataLoader instead of BatchedDataLoader": lambda: self.petastorm_predecoded(batched=False),
+                "float32 array<float> column, row-by-row DataLoader (the first layout)": self.petastorm_float_rows,
+            },
+            repeats,
+            warmup=False,
+            log=log,
+        )
         in_memory = median(values["in_memory"])
-        a.notes.append("Tuning of (a), medians (ratio to in-memory): " + "; ".join(
-            f"{k}: {median(v):.0f} images/s ({median(v) / in_memory:.2f})" for k, v in tuning.items()) + ".")
+        a.notes.append(
+            "Tuning of (a), medians (ratio to in-memory): "
+            + "; ".join(f"{k}: {median(v):.0f} images/s ({median(v) / in_memory:.2f})" for k, v in tuning.items())
+            + "."
+        )
         a.notes.append(
             "What was changed to make (a) faster: the first layout stored the normalised float32 values as an "
             "array<float> column. Parquet decodes such a nested list value by value (3072 per 32 x 32 image) and "
             "Petastorm's row-by-row DataLoader then makes one tensor per row; a cProfile had `read_row_group` "
             "alone at ~14 us per image. Storing the same pixels as one uint8 bytes value per row, turning a whole "
             "row group into one array in the TransformSpec, batching with BatchedDataLoader and normalising per "
-            "batch in torch is the first line of the tuning table against the last.")
+            "batch in torch is the first line of the tuning table against the last."
+        )
         self.tuning = tuning
         if not a.passed:
             a.profile = self.profile_predecoded()
@@ -221,7 +278,8 @@ class LoadingBench:
                 "`retrieve`), Arrow to pandas, and Petastorm's check of every row's shape after a TransformSpec "
                 "(`_check_shape_and_ravel`, once per row) followed by a `vstack` back into one array. None of "
                 "these grows with the image, so the ratio improves with larger images, and the loader is still "
-                "far above what training consumes here (part 3: a few thousand samples/s per core).")
+                "far above what training consumes here (part 3: a few thousand samples/s per core)."
+            )
         return [a, b]
 
     def close(self) -> None:

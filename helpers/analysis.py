@@ -92,10 +92,25 @@ class FixedStepsDataModule(PetastormDataModule):
     training data. (``PetastormDataModule`` is the right way: per-device batch fixed, steps divided by n.)
     """
 
-    def __init__(self, train_converter, val_converter, batch_size: int = 64, image_size: int = 32,
-                 device_id: int = 0, device_count: int = 1, workers_count: int = 2) -> None:
-        super().__init__(train_converter, val_converter, batch_size * device_count, image_size,
-                         device_id=device_id, device_count=device_count, workers_count=workers_count)
+    def __init__(
+        self,
+        train_converter,
+        val_converter,
+        batch_size: int = 64,
+        image_size: int = 32,
+        device_id: int = 0,
+        device_count: int = 1,
+        workers_count: int = 2,
+    ) -> None:
+        super().__init__(
+            train_converter,
+            val_converter,
+            batch_size * device_count,
+            image_size,
+            device_id=device_id,
+            device_count=device_count,
+            workers_count=workers_count,
+        )
         self.steps_per_epoch = steps_per_epoch(len(train_converter), batch_size, 1)
 
 
@@ -125,10 +140,19 @@ def plan_sweep(max_devices: int, base_settings: dict[str, Any]) -> list[dict[str
     """
     batch, rows = base_settings["batch_size"], base_settings["train_rows"]
     max_devices = int(max_devices)
-    counts = {max_devices} | {2 ** k for k in range(max_devices.bit_length()) if 2 ** k <= max_devices}
-    return [{**base_settings, "devices": n, "batch_size": batch, "global_batch_size": batch * n,
-             "learning_rate": base_settings["learning_rate"] * n, "steps_per_epoch": steps_per_epoch(rows, batch, n)}
-            for n in sorted(counts) if n == 1 or n * batch <= rows]
+    counts = {max_devices} | {2**k for k in range(max_devices.bit_length()) if 2**k <= max_devices}
+    return [
+        {
+            **base_settings,
+            "devices": n,
+            "batch_size": batch,
+            "global_batch_size": batch * n,
+            "learning_rate": base_settings["learning_rate"] * n,
+            "steps_per_epoch": steps_per_epoch(rows, batch, n),
+        }
+        for n in sorted(counts)
+        if n == 1 or n * batch <= rows
+    ]
 
 
 def train_worker(
@@ -165,13 +189,24 @@ def train_worker(
 
     hvd.init()
     pl.seed_everything(seed, verbose=False)
-    datamodule = _datamodule_class(epoch_mode)(train_converter, val_converter, batch_size, image_size,
-                                               device_id=hvd.rank(), device_count=hvd.size())
+    datamodule = _datamodule_class(epoch_mode)(
+        train_converter, val_converter, batch_size, image_size, device_id=hvd.rank(), device_count=hvd.size()
+    )
     model = LitClassificationModel(class_count, learning_rate=learning_rate, image_size=image_size)
-    return train(model, datamodule, max_epochs=max_epochs, accelerator=accelerator, strategy=HorovodStrategy(),
-                 precision=precision_for(mixed_precision, accelerator == "gpu"), early_stopping=early_stopping,
-                 mlflow_experiment=experiment, tracking_uri=tracking_uri, run_name=run_name,
-                 extra_params=extra_params, progress_bar=False)
+    return train(
+        model,
+        datamodule,
+        max_epochs=max_epochs,
+        accelerator=accelerator,
+        strategy=HorovodStrategy(),
+        precision=precision_for(mixed_precision, accelerator == "gpu"),
+        early_stopping=early_stopping,
+        mlflow_experiment=experiment,
+        tracking_uri=tracking_uri,
+        run_name=run_name,
+        extra_params=extra_params,
+        progress_bar=False,
+    )
 
 
 def run_training(
@@ -226,23 +261,61 @@ def run_training(
     started = time.perf_counter()
     runner = HorovodRunner(np=-devices if launcher == "local" else devices, use_gpu=accelerator == "gpu")
     result = runner.run(
-        train_worker, train_converter=train_converter, val_converter=val_converter, class_count=class_count,
-        epoch_mode=epoch_mode, batch_size=batch_size, image_size=image_size, learning_rate=learning_rate,
-        max_epochs=max_epochs, early_stopping=early_stopping, experiment=experiment, tracking_uri=tracking_uri,
-        accelerator=accelerator, mixed_precision=mixed_precision, seed=seed, run_name=run_name,
+        train_worker,
+        train_converter=train_converter,
+        val_converter=val_converter,
+        class_count=class_count,
+        epoch_mode=epoch_mode,
+        batch_size=batch_size,
+        image_size=image_size,
+        learning_rate=learning_rate,
+        max_epochs=max_epochs,
+        early_stopping=early_stopping,
+        experiment=experiment,
+        tracking_uri=tracking_uri,
+        accelerator=accelerator,
+        mixed_precision=mixed_precision,
+        seed=seed,
+        run_name=run_name,
         extra_params={"epoch_mode": epoch_mode, "steps_per_epoch": steps, "train_rows": rows},
     )
     job_time_s = time.perf_counter() - started
-    record_run(result, sweep=sweep, devices=devices, launcher=launcher, epoch_mode=epoch_mode,
-               batch_size=device_batch, steps=steps, train_rows=rows, min_delta=min_delta, patience=patience,
-               stopping_threshold=stopping_threshold, max_epochs=max_epochs, job_time_s=job_time_s,
-               tracking_uri=tracking_uri)
+    record_run(
+        result,
+        sweep=sweep,
+        devices=devices,
+        launcher=launcher,
+        epoch_mode=epoch_mode,
+        batch_size=device_batch,
+        steps=steps,
+        train_rows=rows,
+        min_delta=min_delta,
+        patience=patience,
+        stopping_threshold=stopping_threshold,
+        max_epochs=max_epochs,
+        job_time_s=job_time_s,
+        tracking_uri=tracking_uri,
+    )
     return result
 
 
-def record_run(result, *, sweep: str, devices: int, launcher: str, epoch_mode: str, batch_size: int, steps: int,
-               train_rows: int, min_delta: float, patience: int, stopping_threshold: float | None, max_epochs: int,
-               job_time_s: float | None = None, tracking_uri: str | None = None) -> None:
+def record_run(
+    result,
+    *,
+    sweep: str,
+    devices: int,
+    launcher: str,
+    epoch_mode: str,
+    batch_size: int,
+    steps: int,
+    train_rows: int,
+    min_delta: float,
+    patience: int,
+    stopping_threshold: float | None,
+    max_epochs: int,
+    job_time_s: float | None = None,
+    tracking_uri: str | None = None,
+) -> None:
     """Tag ``result``'s MLflow run for the comparison and log its summary metrics (see :func:`run_training`).
 
     ``batch_size`` is the per-device batch the run used, ``steps`` its steps per epoch. Use it directly for a run
@@ -256,15 +329,30 @@ def record_run(result, *, sweep: str, devices: int, launcher: str, epoch_mode: s
         raise CourseInputError("the result has no MLflow run id: train with mlflow_experiment=... (rank 0's result).")
     client = MlflowClient(resolve_uri(tracking_uri))
     tags = {
-        "lesson": 5, "sweep": sweep, "devices": devices, "launcher": launcher, "epoch_mode": epoch_mode,
-        "batch_size": batch_size, "global_batch_size": batch_size * devices, "steps_per_epoch": steps,
-        "train_rows": train_rows, "min_delta": min_delta, "patience": patience,
-        "stopping_threshold": stopping_threshold, "max_epochs": max_epochs, "stopped_reason": result.stopped_reason,
+        "lesson": 5,
+        "sweep": sweep,
+        "devices": devices,
+        "launcher": launcher,
+        "epoch_mode": epoch_mode,
+        "batch_size": batch_size,
+        "global_batch_size": batch_size * devices,
+        "steps_per_epoch": steps,
+        "train_rows": train_rows,
+        "min_delta": min_delta,
+        "patience": patience,
+        "stopping_threshold": stopping_threshold,
+        "max_epochs": max_epochs,
+        "stopped_reason": result.stopped_reason,
     }
     for key, value in tags.items():
         client.set_tag(result.mlflow_run_id, TAG + key, "" if value is None else str(value))
-    metrics = {"job_time_s": job_time_s, "epochs_run": result.epochs_run, "best_val_loss": result.best_val_loss,
-               "last_val_loss": result.last_val_loss, "val_acc": result.val_acc}
+    metrics = {
+        "job_time_s": job_time_s,
+        "epochs_run": result.epochs_run,
+        "best_val_loss": result.best_val_loss,
+        "last_val_loss": result.last_val_loss,
+        "val_acc": result.val_acc,
+    }
     for key, value in metrics.items():
         if value is not None:
             client.log_metric(result.mlflow_run_id, key, float(value))
@@ -280,8 +368,9 @@ def _convert(value: Any, kind: type) -> Any:
     return kind(float(value)) if kind is int else kind(value)
 
 
-def runs_table(experiment: str, uri: str | None = None, sweep: str | None = None,
-               filter_string: str = "") -> pd.DataFrame:
+def runs_table(
+    experiment: str, uri: str | None = None, sweep: str | None = None, filter_string: str = ""
+) -> pd.DataFrame:
     """The lesson's runs of ``experiment`` from ``mlflow.search_runs``, one row per finished run, typed columns.
 
     Columns: ``run_id``, ``run_name``, ``start_time``, the ``course.*`` tags without the prefix (``devices``,
@@ -305,13 +394,15 @@ def runs_table(experiment: str, uri: str | None = None, sweep: str | None = None
     if mlflow.get_experiment_by_name(experiment) is None:
         raw = pd.DataFrame()
     else:
-        raw = mlflow.search_runs(experiment_names=[experiment], filter_string=" and ".join(filters),
-                                 output_format="pandas")
+        raw = mlflow.search_runs(
+            experiment_names=[experiment], filter_string=" and ".join(filters), output_format="pandas"
+        )
     columns = ["run_id", "run_name", "start_time"] + [column for column, _ in _TAGS.values()] + list(_METRICS)
     if raw.empty:
         return pd.DataFrame(columns=columns)
-    table = pd.DataFrame({"run_id": raw["run_id"], "run_name": raw.get("tags.mlflow.runName"),
-                          "start_time": raw["start_time"]})
+    table = pd.DataFrame(
+        {"run_id": raw["run_id"], "run_name": raw.get("tags.mlflow.runName"), "start_time": raw["start_time"]}
+    )
     for suffix, (column, kind) in _TAGS.items():
         values = raw.get(f"tags.{TAG}{suffix}", pd.Series([None] * len(raw), index=raw.index))
         table[column] = [_convert(value, kind) for value in values]
@@ -323,8 +414,12 @@ def runs_table(experiment: str, uri: str | None = None, sweep: str | None = None
     return table.sort_values(["epoch_mode", "devices", "start_time"], ignore_index=True)[columns]
 
 
-def speedup_table(table: pd.DataFrame, time_column: str = "wall_time_s", baseline_time: float | None = None,
-                  group: str | None = "epoch_mode") -> pd.DataFrame:
+def speedup_table(
+    table: pd.DataFrame,
+    time_column: str = "wall_time_s",
+    baseline_time: float | None = None,
+    group: str | None = "epoch_mode",
+) -> pd.DataFrame:
     """``table`` with ``speedup`` = time on 1 device / time on n, and ``efficiency`` = speedup / n, added.
 
     The baseline is ``baseline_time`` when given (taken to be a 1-device time), else, within each ``group``
@@ -339,8 +434,11 @@ def speedup_table(table: pd.DataFrame, time_column: str = "wall_time_s", baselin
     out = table.copy()
     out["devices"] = out["devices"].astype(int)
     out[time_column] = out[time_column].astype(float)
-    groups = [out.index] if group is None or group not in out.columns else [
-        rows.index for _, rows in out.groupby(group, sort=False)]
+    groups = (
+        [out.index]
+        if group is None or group not in out.columns
+        else [rows.index for _, rows in out.groupby(group, sort=False)]
+    )
     out["speedup"] = math.nan
     out["efficiency"] = math.nan
     for index in groups:
@@ -355,8 +453,12 @@ def speedup_table(table: pd.DataFrame, time_column: str = "wall_time_s", baselin
     if "epochs_run" in out.columns:
         out["time_per_epoch_s"] = out[time_column] / out["epochs_run"].astype(float)
     if {"epochs_run", "steps_per_epoch", "batch_size", "train_rows"} <= set(out.columns):
-        read = (out["epochs_run"].astype(float) * out["steps_per_epoch"].astype(float)
-                * out["batch_size"].astype(float) * out["devices"])
+        read = (
+            out["epochs_run"].astype(float)
+            * out["steps_per_epoch"].astype(float)
+            * out["batch_size"].astype(float)
+            * out["devices"]
+        )
         out["data_passes"] = read / out["train_rows"].astype(float)
         out["time_per_pass_s"] = out[time_column] / out["data_passes"]
     return out
@@ -365,8 +467,13 @@ def speedup_table(table: pd.DataFrame, time_column: str = "wall_time_s", baselin
 # --- why a run stopped ----------------------------------------------------------------------------------------
 
 
-def stop_reason(val_losses: Sequence[float], min_delta: float = 0.01, patience: int = 10,
-                stopping_threshold: float | None = None, max_epochs: int | None = None) -> tuple[str, int]:
+def stop_reason(
+    val_losses: Sequence[float],
+    min_delta: float = 0.01,
+    patience: int = 10,
+    stopping_threshold: float | None = None,
+    max_epochs: int | None = None,
+) -> tuple[str, int]:
     """Replay Lightning's ``EarlyStopping(monitor="val_loss", mode="min")`` on a run's per-epoch ``val_losses``.
 
     Returns ``(reason, epoch)``: the first epoch (0-based) after whose validation a rule fired, and which:
@@ -378,8 +485,9 @@ def stop_reason(val_losses: Sequence[float], min_delta: float = 0.01, patience: 
     if not isinstance(patience, int) or patience < 0:
         raise CourseInputError(f"patience={patience!r}: pass a non-negative integer.")
     delta = abs(float(min_delta))
-    threshold = None if stopping_threshold is None or math.isnan(float(stopping_threshold)) else float(
-        stopping_threshold)
+    threshold = (
+        None if stopping_threshold is None or math.isnan(float(stopping_threshold)) else float(stopping_threshold)
+    )
     best, wait = math.inf, 0
     for epoch, value in enumerate(float(v) for v in val_losses):
         if not math.isfinite(value):
@@ -414,13 +522,34 @@ def stop_reasons(table: pd.DataFrame, uri: str | None = None) -> pd.DataFrame:
     histories = val_loss_histories(table, uri)
     rows = []
     for row in table.itertuples(index=False):
-        reason, epoch = stop_reason(histories[row.run_id], row.min_delta, int(row.patience),
-                                    row.stopping_threshold, int(row.max_epochs))
-        rows.append({"run_id": row.run_id, "devices": row.devices, "epoch_mode": row.epoch_mode,
-                     "epochs_run": row.epochs_run, "stop_epoch": epoch, "stop_reason": reason,
-                     "logged_stop_reason": row.logged_stop_reason, "agrees": reason == row.logged_stop_reason})
-    return pd.DataFrame(rows, columns=["run_id", "devices", "epoch_mode", "epochs_run", "stop_epoch",
-                                       "stop_reason", "logged_stop_reason", "agrees"])
+        reason, epoch = stop_reason(
+            histories[row.run_id], row.min_delta, int(row.patience), row.stopping_threshold, int(row.max_epochs)
+        )
+        rows.append(
+            {
+                "run_id": row.run_id,
+                "devices": row.devices,
+                "epoch_mode": row.epoch_mode,
+                "epochs_run": row.epochs_run,
+                "stop_epoch": epoch,
+                "stop_reason": reason,
+                "logged_stop_reason": row.logged_stop_reason,
+                "agrees": reason == row.logged_stop_reason,
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "run_id",
+            "devices",
+            "epoch_mode",
+            "epochs_run",
+            "stop_epoch",
+            "stop_reason",
+            "logged_stop_reason",
+            "agrees",
+        ],
+    )
 
 
 # --- plots ----------------------------------------------------------------------------------------------------
@@ -473,9 +602,10 @@ def plot_val_loss(table: pd.DataFrame, uri: str | None = None, title: str = "val
         values = histories[row["run_id"]]
         if not values:
             continue
-        reason, stop = stop_reason(values, row["min_delta"], int(row["patience"]), row["stopping_threshold"],
-                                   int(row["max_epochs"]))
-        line, = ax.plot(range(len(values)), values, marker=".", label=f"{_label(row)}: {reason}")
+        reason, stop = stop_reason(
+            values, row["min_delta"], int(row["patience"]), row["stopping_threshold"], int(row["max_epochs"])
+        )
+        (line,) = ax.plot(range(len(values)), values, marker=".", label=f"{_label(row)}: {reason}")
         ax.plot([stop], [values[stop]], marker="x", markersize=11, markeredgewidth=2.5, color=line.get_color())
         best = min(range(len(values)), key=values.__getitem__)
         ax.plot([best], [values[best]], marker="o", markersize=9, fillstyle="none", color=line.get_color())
@@ -497,9 +627,15 @@ def plot_pitfall(speedups: pd.DataFrame, uri: str | None = None):
         values = histories[row["run_id"]]
         passes_per_epoch = row["steps_per_epoch"] * row["batch_size"] * row["devices"] / row["train_rows"]
         style = "-" if row["epoch_mode"] == ONE_PASS else "--"
-        line, = left.plot(range(1, len(values) + 1), values, style, marker=".", label=_label(row))
-        right.plot([passes_per_epoch * (i + 1) for i in range(len(values))], values, style, marker=".",
-                   color=line.get_color(), label=_label(row))
+        (line,) = left.plot(range(1, len(values) + 1), values, style, marker=".", label=_label(row))
+        right.plot(
+            [passes_per_epoch * (i + 1) for i in range(len(values))],
+            values,
+            style,
+            marker=".",
+            color=line.get_color(),
+            label=_label(row),
+        )
     left.set(xlabel="epochs completed", ylabel="val_loss", title="Per 'epoch': not like for like")
     left.xaxis.set_major_locator(MaxNLocator(integer=True))
     right.set(xlabel="passes over the training data", title="Per pass over the data")
@@ -530,8 +666,13 @@ def claim_report(speedups: pd.DataFrame, time_column: str = "wall_time_s") -> li
     top = more.iloc[-1]
     n = int(top["devices"])
     ratio = top[time_column] / one[time_column]
-    verdict = ("about half, as claimed" if 0.4 <= ratio <= 0.6 else "faster, but not about half" if ratio < 1
-               else "not faster at all")
+    verdict = (
+        "about half, as claimed"
+        if 0.4 <= ratio <= 0.6
+        else "faster, but not about half"
+        if ratio < 1
+        else "not faster at all"
+    )
     lines = [
         f"Claim 1, about half the time with more resources: {n} devices took {ratio:.2f} x the 1-device time "
         f"({top[time_column]:.1f} s against {one[time_column]:.1f} s, speedup {top['speedup']:.2f}): {verdict}."
@@ -542,15 +683,21 @@ def claim_report(speedups: pd.DataFrame, time_column: str = "wall_time_s") -> li
             f"  Per epoch: {top['time_per_epoch_s']:.1f} s on {n} devices against {one['time_per_epoch_s']:.1f} s "
             f"on 1 (speedup per epoch {per_epoch:.2f}); epochs until stop: {int(top['epochs_run'])} against "
             f"{int(one['epochs_run'])}"
-            + (", so part of the difference in total time is when the runs stopped, not how fast they computed."
-               if int(top["epochs_run"]) != int(one["epochs_run"]) else ".")
+            + (
+                ", so part of the difference in total time is when the runs stopped, not how fast they computed."
+                if int(top["epochs_run"]) != int(one["epochs_run"])
+                else "."
+            )
         )
     effs = ", ".join(f"{int(r.devices)} devices {r.efficiency:.0%}" for r in more.itertuples())
     below = bool((more["efficiency"] < 1).all())
     lines.append(
         f"Claim 2, sub-linear speedup: parallel efficiency {effs}: "
-        + ("below linear at every device count, as claimed." if below else
-           "at or above linear at some device count, against the claim.")
+        + (
+            "below linear at every device count, as claimed."
+            if below
+            else "at or above linear at some device count, against the claim."
+        )
     )
     tolerance = float(one["min_delta"]) if "min_delta" in rows.columns else 0.0
     multi_best = more["best_val_loss"].astype(float)

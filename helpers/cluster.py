@@ -30,10 +30,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -269,7 +270,9 @@ class LocalCluster:
             )
         old = next(d for d in self._daemons if d.process.pid == worker_pids[index])
         if old.process.poll() is None:
-            raise CourseInputError(f"restart_worker({index}): that worker is still running; kill_worker({index}) first.")
+            raise CourseInputError(
+                f"restart_worker({index}): that worker is still running; kill_worker({index}) first."
+            )
         position = self._daemons.index(old)
         daemon = self._launch_worker(index, self._daemon_env())  # its log continues the old one's
         self._daemons.remove(daemon)
@@ -309,9 +312,18 @@ class LocalCluster:
         return self._launch(
             f"worker-{index}",
             [
-                WORKER_CLASS, self.master_url,
-                "--cores", str(self.cores_per_worker), "--memory", f"{self.worker_mb}m",
-                "--host", HOST, "--webui-port", str(ui_port), "--work-dir", str(worker_dir),
+                WORKER_CLASS,
+                self.master_url,
+                "--cores",
+                str(self.cores_per_worker),
+                "--memory",
+                f"{self.worker_mb}m",
+                "--host",
+                HOST,
+                "--webui-port",
+                str(ui_port),
+                "--work-dir",
+                str(worker_dir),
             ],
             env,
         )
@@ -339,7 +351,11 @@ class LocalCluster:
             command = [setpriv, "--pdeathsig", "TERM", "--", *command]
         with open(log, "ab") as out:
             process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
                 start_new_session=True,
             )
         daemon = _Daemon(name, process, log)
@@ -363,9 +379,7 @@ class LocalCluster:
                 pass  # the web UI is not up yet
             if time.monotonic() > deadline:
                 logs = ", ".join(str(d.log) for d in daemons)
-                raise ClusterStartError(
-                    f"Timed out after {self.start_timeout:g} s waiting for {what}; see {logs}."
-                )
+                raise ClusterStartError(f"Timed out after {self.start_timeout:g} s waiting for {what}; see {logs}.")
             time.sleep(0.25)
 
     def _connect(self) -> SparkSession:
@@ -383,7 +397,9 @@ class LocalCluster:
             "spark.cores.max": str(self.workers * self.cores_per_worker),
         }
         spark = get_spark(
-            app_name=self.app_name, master=self.master_url, work=self.work,
+            app_name=self.app_name,
+            master=self.master_url,
+            work=self.work,
             extra_conf={**executor_conf, **self.spark_conf},
         )
         try:

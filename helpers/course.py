@@ -178,7 +178,9 @@ def _stub(region: Region, where: str) -> list[str]:
     try:
         names = bound_names("\n".join(region.lines))
     except SyntaxError as error:
-        raise CourseInputError(f"{where}: the solution region is not valid Python ({error.msg}, line {error.lineno})")
+        raise CourseInputError(
+            f"{where}: the solution region is not valid Python ({error.msg}, line {error.lineno})"
+        ) from None
     return [YOUR_CODE, *(f"{name} = ..." for name in names)] if names else [YOUR_CODE, "..."]
 
 
@@ -324,7 +326,9 @@ def _check_problems(layout: Structure, number: int | None) -> list[str]:
             found.append(f"exercise cell {exercise.cell_id} is not followed by a check cell")
         for exercise_id in exercise.check_ids:
             if exercise_id in seen:
-                found.append(f"check id {exercise_id} follows two exercise cells: {seen[exercise_id]}, {exercise.cell_id}")
+                found.append(
+                    f"check id {exercise_id} follows two exercise cells: {seen[exercise_id]}, {exercise.cell_id}"
+                )
             seen[exercise_id] = exercise.cell_id
             if number is not None and exercise_id.split(".")[0] != str(number):
                 found.append(f"check id {exercise_id} does not start with the lesson number {number}")

@@ -19,8 +19,16 @@ class PetastormDataModule(pl.LightningDataModule):
     validation reads the device's whole validation shard every epoch.
     """
 
-    def __init__(self, train_converter, val_converter, batch_size: int = 64, image_size: int = 32,
-                 device_id: int = 0, device_count: int = 1, workers_count: int = 2) -> None:
+    def __init__(
+        self,
+        train_converter,
+        val_converter,
+        batch_size: int = 64,
+        image_size: int = 32,
+        device_id: int = 0,
+        device_count: int = 1,
+        workers_count: int = 2,
+    ) -> None:
         super().__init__()
         self.train_converter = train_converter
         self.val_converter = val_converter
@@ -33,8 +41,15 @@ class PetastormDataModule(pl.LightningDataModule):
         self._open: list[PetastormBatches] = []
 
     def _batches(self, converter, **kwargs) -> PetastormBatches:
-        batches = PetastormBatches(converter, self.batch_size, self.image_size, cur_shard=self.device_id,
-                                   shard_count=self.device_count, workers_count=self.workers_count, **kwargs)
+        batches = PetastormBatches(
+            converter,
+            self.batch_size,
+            self.image_size,
+            cur_shard=self.device_id,
+            shard_count=self.device_count,
+            workers_count=self.workers_count,
+            **kwargs,
+        )
         self._open.append(batches)
         return batches
 

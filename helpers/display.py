@@ -16,11 +16,14 @@ def show_samples(df, class_names: list[str], per_class: int = 4, seed: int = 0):
 
     window = Window.partitionBy("label").orderBy(F.xxhash64("path", F.lit(seed)))
     rows = (
-        df.withColumn("_n", F.row_number().over(window)).where(F.col("_n") <= per_class)
-        .select("label", "content").collect()
+        df.withColumn("_n", F.row_number().over(window))
+        .where(F.col("_n") <= per_class)
+        .select("label", "content")
+        .collect()
     )
-    fig, axes = plt.subplots(per_class, len(class_names), figsize=(1.3 * len(class_names), 1.3 * per_class),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        per_class, len(class_names), figsize=(1.3 * len(class_names), 1.3 * per_class), squeeze=False
+    )
     for ax in axes.flat:
         ax.axis("off")
     filled = {name: 0 for name in class_names}

@@ -69,7 +69,9 @@ __all__ = [
 LAUNCHERS = ("horovod", "torch_distributor")
 _RESULT_FILE = "rank0-result.pkl"
 # a Python error line of a training process, possibly prefixed by torchrun with its rank
-_ERROR_LINE = re.compile(r"^\s*(?:\[(?:rank|default)\d+\]:\s*)?([\w.]+(?:Error|Exception|Interrupt)\b.*)$", re.MULTILINE)
+_ERROR_LINE = re.compile(
+    r"^\s*(?:\[(?:rank|default)\d+\]:\s*)?([\w.]+(?:Error|Exception|Interrupt)\b.*)$", re.MULTILINE
+)
 
 
 class DistributorError(RuntimeError):
@@ -238,14 +240,20 @@ def train_process(
         rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
         model.learning_rate = settings.learning_rate * world_size  # like Horovod: the global batch grew
         backend = process_group_backend(settings.use_gpu)
-        trainer_args = {"strategy": DDPStrategy(process_group_backend=backend),
-                        **ddp_layout(num_processes, local_mode)}
-    datamodule = PetastormDataModule(train_converter, val_converter, settings.batch_size, settings.image_size,
-                                     device_id=rank, device_count=world_size)
+        trainer_args = {"strategy": DDPStrategy(process_group_backend=backend), **ddp_layout(num_processes, local_mode)}
+    datamodule = PetastormDataModule(
+        train_converter,
+        val_converter,
+        settings.batch_size,
+        settings.image_size,
+        device_id=rank,
+        device_count=world_size,
+    )
     # other ranks' names are not used: Lightning takes the checkpoint folder from rank 0, which alone logs
     run_name = settings.run_name or _run_name(launcher, world_size)
     result = train(
-        model, datamodule,
+        model,
+        datamodule,
         max_epochs=settings.max_epochs,
         accelerator="gpu" if settings.use_gpu else "cpu",
         precision=precision_for(settings.mixed_precision, settings.use_gpu),
@@ -326,8 +334,11 @@ def _resolved(settings: TrainSettings, launcher: str, num_processes: int) -> Tra
     run_name = settings.run_name or _run_name(launcher, num_processes)
     default_dir = settings.default_dir
     if default_dir is None:
-        default_dir = str(Path(settings.ckpt_restore).parent) if settings.ckpt_restore else str(
-            work_path("checkpoints", run_name, override=settings.work_dir))
+        default_dir = (
+            str(Path(settings.ckpt_restore).parent)
+            if settings.ckpt_restore
+            else str(work_path("checkpoints", run_name, override=settings.work_dir))
+        )
     return settings.replace(run_name=run_name, default_dir=default_dir)
 
 
@@ -372,8 +383,10 @@ class _Watchdog(threading.Thread):
             try:
                 executors = self._executors()
                 if executors < min(executors_at_start, self.executors_needed):
-                    self.reason = (f"Spark lost an executor during training ({executors} of {executors_at_start} "
-                                   "left): a worker or its executor died")
+                    self.reason = (
+                        f"Spark lost an executor during training ({executors} of {executors_at_start} "
+                        "left): a worker or its executor died"
+                    )
                 failed = 0
                 for job_id in tracker.getJobIdsForGroup(self.group):
                     job = tracker.getJobInfo(job_id)
@@ -413,8 +426,11 @@ def _summarise(error: BaseException) -> str:
     """The most telling line of a failed TorchDistributor job: the training process's last Python error, else
     torchrun's return code, else the first line of Spark's error."""
     text = str(error)
-    errors = [line.strip() for line in _ERROR_LINE.findall(text)
-              if not line.strip().startswith(("py4j", "org.apache", "java.", "pyspark."))]
+    errors = [
+        line.strip()
+        for line in _ERROR_LINE.findall(text)
+        if not line.strip().startswith(("py4j", "org.apache", "java.", "pyspark."))
+    ]
     meaningful = [line for line in errors if "ChildFailedError" not in line and "RuntimeError: Command" not in line]
     if meaningful:
         return meaningful[-1][:300]
@@ -453,17 +469,25 @@ def train_with_distributor(
     configure_python_env()
     job_dir = Path(settings.work_dir) / "distributor_runs" / uuid.uuid4().hex
     job_dir.mkdir(parents=True, exist_ok=True)
-    kwargs = dict(train_converter=train_converter, val_converter=val_converter,
-                  class_count=class_count, settings=settings, num_processes=num_processes, local_mode=local_mode,
-                  threads=_threads_per_process(spark, num_processes, local_mode), job_dir=str(job_dir))
+    kwargs = dict(
+        train_converter=train_converter,
+        val_converter=val_converter,
+        class_count=class_count,
+        settings=settings,
+        num_processes=num_processes,
+        local_mode=local_mode,
+        threads=_threads_per_process(spark, num_processes, local_mode),
+        job_dir=str(job_dir),
+    )
     watch = watched_job(spark, num_processes) if fail_fast and not local_mode else contextlib.nullcontext()
     started = time.monotonic()
     with watch as watchdog:
         try:
             return _run_and_collect(distributor, job_dir, kwargs)
         except Exception as exc:
-            raise _distributor_error(exc, watchdog, job_dir, settings, num_processes, local_mode,
-                                     time.monotonic() - started) from exc
+            raise _distributor_error(
+                exc, watchdog, job_dir, settings, num_processes, local_mode, time.monotonic() - started
+            ) from exc
         finally:
             shutil.rmtree(job_dir, ignore_errors=True)
 
@@ -477,8 +501,15 @@ def _run_and_collect(distributor, job_dir: Path, kwargs: dict[str, Any]) -> Trai
     return returned
 
 
-def _distributor_error(exc: BaseException, watchdog: _Watchdog | None, job_dir: Path, settings: TrainSettings,
-                       num_processes: int, local_mode: bool, elapsed: float) -> DistributorError:
+def _distributor_error(
+    exc: BaseException,
+    watchdog: _Watchdog | None,
+    job_dir: Path,
+    settings: TrainSettings,
+    num_processes: int,
+    local_mode: bool,
+    elapsed: float,
+) -> DistributorError:
     """The :class:`DistributorError` for a failed job: the root cause in one line and the checkpoint to resume."""
     fail_open_mlflow_runs(job_dir)
     rank_error, collateral = _rank_error(job_dir)
@@ -488,9 +519,14 @@ def _distributor_error(exc: BaseException, watchdog: _Watchdog | None, job_dir: 
     else:
         reason = (watchdog and watchdog.reason) or rank_error or _summarise(exc)
     last = _last_checkpoint(settings.default_dir)
-    resume = (f"rerun with ckpt_restore={last!r} to continue from its last checkpoint" if last
-              else "no checkpoint was written yet: rerun from the start")
+    resume = (
+        f"rerun with ckpt_restore={last!r} to continue from its last checkpoint"
+        if last
+        else "no checkpoint was written yet: rerun from the start"
+    )
     mode = "on the driver" if local_mode else "on Spark workers"
-    message = (f"TorchDistributor training with {num_processes} processes {mode} failed after {elapsed:.0f} s: "
-               f"{reason}. The job was stopped; {resume}.")
+    message = (
+        f"TorchDistributor training with {num_processes} processes {mode} failed after {elapsed:.0f} s: "
+        f"{reason}. The job was stopped; {resume}."
+    )
     return DistributorError(message, reason, last, elapsed)

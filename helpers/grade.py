@@ -15,7 +15,8 @@ its own process, under a per-notebook timeout, with the CI parameters and errors
 comes from the record its check cell printed: passed, failed, not attempted, or error (no record: a timeout, a dead
 kernel, a check cell that raised; or a duplicated exercise cell, or a file that is not a notebook).
 ``grades.csv`` gets one row per exercise (submission, lesson, exercise, status, detail, optional: "yes" for a
-stretch exercise) and the executed notebooks, with a summary on top, go to ``grades_feedback/`` next to it. One bad submission never stops the run.
+stretch exercise) and the executed notebooks, with a summary on top, go to ``grades_feedback/`` next to it. One
+bad submission never stops the run.
 """
 
 from __future__ import annotations
@@ -290,8 +291,9 @@ def _statuses(lesson: Lesson, executed: NotebookNode | None) -> dict[str, tuple[
 
 def _add_summary(path: Path, executed: NotebookNode, grades: list[Grade]) -> None:
     """Put a markdown cell with the grades at the top of the feedback notebook."""
-    lines = [f"- {format_line(g.exercise, g.status, g.detail)}{' (stretch, optional)' if g.optional else ''}"
-             for g in grades]
+    lines = [
+        f"- {format_line(g.exercise, g.status, g.detail)}{' (stretch, optional)' if g.optional else ''}" for g in grades
+    ]
     summary = nbformat.v4.new_markdown_cell("## Grading summary\n\n" + "\n".join(lines))
     summary.id = "grading-summary"
     executed.cells.insert(0, summary)
@@ -379,8 +381,9 @@ def grade(
     with out.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(CSV_FIELDS)
-        writer.writerows((g.submission, g.lesson, g.exercise, g.status, g.detail, "yes" if g.optional else "")
-                         for g in grades)
+        writer.writerows(
+            (g.submission, g.lesson, g.exercise, g.status, g.detail, "yes" if g.optional else "") for g in grades
+        )
     return grades
 
 

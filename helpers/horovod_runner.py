@@ -302,8 +302,14 @@ class HorovodRunner:
     come back (see :class:`HorovodWorkerError`).
     """
 
-    def __init__(self, np: int, driver_log_verbosity: str = "log_callback_only", *, use_gpu: bool = False,
-                 cuda_count: int | None = None):
+    def __init__(
+        self,
+        np: int,
+        driver_log_verbosity: str = "log_callback_only",
+        *,
+        use_gpu: bool = False,
+        cuda_count: int | None = None,
+    ):
         if isinstance(np, bool) or not isinstance(np, int):
             raise CourseInputError(
                 f"HorovodRunner(np=...) takes an int, got {np!r}: np=-2 (2 local processes) or np=2 (2 Spark tasks)."

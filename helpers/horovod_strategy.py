@@ -73,7 +73,9 @@ def _horovod_op(reduce_op: ReduceOp | str | None) -> Any:
     try:
         return ops[name.lower()]
     except KeyError:
-        raise ValueError(f"HorovodStrategy.reduce does not support reduce_op={reduce_op!r}; use one of {list(ops)}.")
+        raise ValueError(
+            f"HorovodStrategy.reduce does not support reduce_op={reduce_op!r}; use one of {list(ops)}."
+        ) from None
 
 
 def _raw(optimizer: Optimizer) -> Optimizer:

@@ -204,11 +204,26 @@ class PetastormBatches:
     Call ``close()`` when done (the DataModule does it in ``teardown``).
     """
 
-    def __init__(self, converter, batch_size: int, image_size: int, cur_shard: int = 0, shard_count: int = 1,
-                 steps_per_epoch: int | None = None, shuffle: bool = False, workers_count: int = 2) -> None:
-        self._loader_args = dict(converter=converter, batch_size=batch_size, image_size=image_size,
-                                 cur_shard=cur_shard, shard_count=shard_count, shuffle=shuffle,
-                                 workers_count=workers_count)
+    def __init__(
+        self,
+        converter,
+        batch_size: int,
+        image_size: int,
+        cur_shard: int = 0,
+        shard_count: int = 1,
+        steps_per_epoch: int | None = None,
+        shuffle: bool = False,
+        workers_count: int = 2,
+    ) -> None:
+        self._loader_args = dict(
+            converter=converter,
+            batch_size=batch_size,
+            image_size=image_size,
+            cur_shard=cur_shard,
+            shard_count=shard_count,
+            shuffle=shuffle,
+            workers_count=workers_count,
+        )
         self.steps_per_epoch = steps_per_epoch
         self._context = None
         self._iterator: Iterator[dict] | None = None

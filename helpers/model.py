@@ -129,9 +129,7 @@ class LitClassificationModel(pl.LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """Cross-entropy on one batch; logs ``train_loss`` per step and per epoch (averaged over devices)."""
         loss, _ = self._loss_and_accuracy(batch)
-        self.log(
-            "train_loss", loss, on_step=True, on_epoch=True, sync_dist=True, batch_size=len(batch["label_index"])
-        )
+        self.log("train_loss", loss, on_step=True, on_epoch=True, sync_dist=True, batch_size=len(batch["label_index"]))
         return loss
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:

@@ -190,7 +190,7 @@ def check_value(where: str, declared: Declared, value: Any) -> Any:
     if declared.name in PATH_PARAMETERS and isinstance(value, str) and re.match(r"^dbfs:/", value):
         raise CourseInputError(
             f"{where}: {declared.name}={value!r}: the course opens this folder as a local path; on Databricks use "
-            f"the FUSE path {'/dbfs/' + value[len('dbfs:/'):].lstrip('/')!r} instead of the dbfs:/ URI."
+            f"the FUSE path {'/dbfs/' + value[len('dbfs:/') :].lstrip('/')!r} instead of the dbfs:/ URI."
         )
     return value
 
@@ -366,14 +366,19 @@ def run(
         except Exception as error:  # PapermillExecutionError and kernel deaths: report and decide
             failed.append(notebook.stem)
             first = str(error).strip().splitlines()
-            print(f"   FAILED after {time.monotonic() - started:.0f} s: {first[-1] if first else type(error).__name__}"
-                  f" (the executed notebook, up to the failing cell, is {target})", flush=True)
+            print(
+                f"   FAILED after {time.monotonic() - started:.0f} s: {first[-1] if first else type(error).__name__}"
+                f" (the executed notebook, up to the failing cell, is {target})",
+                flush=True,
+            )
             if not keep_going:
                 break
         else:
             print(f"   ok in {time.monotonic() - started:.0f} s", flush=True)
-    print(f"{ran - len(failed)} of {len(resolved)} notebooks ran without error; executed copies in {out_dir}"
-          + (f"; failed: {', '.join(failed)}" if failed else ""))
+    print(
+        f"{ran - len(failed)} of {len(resolved)} notebooks ran without error; executed copies in {out_dir}"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+    )
     return len(failed)
 
 
@@ -398,14 +403,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default="build", help="folder for the executed notebooks (default build/)")
     parser.add_argument("--only", nargs="+", metavar="PREFIX", help="run only these notebooks: 02, 03_horovod, ...")
     parser.add_argument("--solutions", type=Path, default=SOLUTIONS_DIR, help="solution notebooks folder")
-    parser.add_argument("-p", "--set", dest="overrides", action="append", type=_override, default=[],
-                        metavar="NAME=VALUE", help="override a parameter in every notebook that declares it (value read as YAML)")
+    parser.add_argument(
+        "-p",
+        "--set",
+        dest="overrides",
+        action="append",
+        type=_override,
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a parameter in every notebook that declares it (value read as YAML)",
+    )
     parser.add_argument("--check", action="store_true", help="check the parameters and print them; run nothing")
     parser.add_argument("--keep-going", action="store_true", help="run the remaining notebooks after a failure")
     args = parser.parse_args(argv)
     try:
-        failed = run(args.params, args.out, args.only, args.solutions, dict(args.overrides), args.check,
-                     args.keep_going)
+        failed = run(
+            args.params, args.out, args.only, args.solutions, dict(args.overrides), args.check, args.keep_going
+        )
     except CourseInputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -24,8 +24,8 @@ import mlflow
 import pytorch_lightning as pl
 import torch
 from lightning_fabric.utilities.cloud_io import get_filesystem
-from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 from mlflow.models import infer_signature
+from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 from pytorch_lightning.callbacks.early_stopping import EarlyStoppingReason
 from torch import nn
 from torch.nn import functional as F
@@ -389,4 +389,3 @@ def train(
         registered_model_version=model_version,
         history=history.epochs,
     )
-

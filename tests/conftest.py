@@ -26,6 +26,14 @@ def session_work_dir() -> Path:
     return _SESSION_WORK
 
 
+@pytest.fixture
+def work_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's work directory: course code (and the worker processes it starts, through ``COURSE_WORK_DIR``)
+    writes its checkpoints, MLflow store and job reports under the test's ``tmp_path``."""
+    monkeypatch.setenv("COURSE_WORK_DIR", str(tmp_path))
+    return tmp_path
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One local SparkSession (2 cores) for the whole run."""
@@ -54,3 +62,11 @@ def digits_dir(session_work_dir: Path) -> Path:
     from helpers.data import embedded_digits
 
     return embedded_digits(session_work_dir)
+
+
+@pytest.fixture(scope="session")
+def digits_data(spark, digits_dir: Path):
+    """The embedded digits prepared once for 2 devices: ``(df, train_converter, val_converter, class_names)``."""
+    from helpers.loaders import prepare_data
+
+    return prepare_data(digits_dir, num_devices=2, spark=spark)

@@ -8,8 +8,9 @@ import numpy as np
 from PIL import Image
 
 
-def make_image_folder(root: Path, classes: dict[str, int], size=(20, 14), fmt: str = "JPEG", mode: str = "RGB",
-                      seed: int = 0) -> Path:
+def make_image_folder(
+    root: Path, classes: dict[str, int], size=(20, 14), fmt: str = "JPEG", mode: str = "RGB", seed: int = 0
+) -> Path:
     """Write ``classes[name]`` random images per class folder under ``root``; returns ``root``."""
     rng = np.random.default_rng(seed)
     suffix = ".jpg" if fmt == "JPEG" else ".png"

@@ -67,6 +67,7 @@ def run_driver(source: str, work: Path, timeout: float, **constants: object) -> 
     finally:
         process.kill()
     lines = [line for line in stdout.splitlines() if line.startswith("REPORT ")]
-    assert lines, (f"the driver script printed no report (exit {process.returncode}):\n{stdout[-2000:]}\n"
-                   f"{driver_errors(work)}")
-    return json.loads(lines[-1][len("REPORT "):]), stdout
+    assert lines, (
+        f"the driver script printed no report (exit {process.returncode}):\n{stdout[-2000:]}\n{driver_errors(work)}"
+    )
+    return json.loads(lines[-1][len("REPORT ") :]), stdout

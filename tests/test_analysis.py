@@ -17,8 +17,15 @@ import pandas as pd
 import pytest
 
 from helpers import CourseInputError
-from helpers.analysis import (FIXED_STEPS, ONE_PASS, FixedStepsDataModule, runs_table, speedup_table, stop_reason,
-                              stop_reasons)
+from helpers.analysis import (
+    FIXED_STEPS,
+    ONE_PASS,
+    FixedStepsDataModule,
+    runs_table,
+    speedup_table,
+    stop_reason,
+    stop_reasons,
+)
 from helpers.datamodule import PetastormDataModule
 
 EXPERIMENT = "test-lesson-5"
@@ -48,8 +55,10 @@ def test_stop_reason_replays_lightnings_rules(losses, settings, expected):
 
 
 def test_speedup_and_efficiency_from_a_made_up_table():
-    table = pd.DataFrame({"devices": [4, 1, 2, 1, 8], "wall_time_s": [30.0, 100.0, 60.0, 120.0, 20.0],
-                          "epoch_mode": ONE_PASS}, index=[7, 3, 5, 1, 9])
+    table = pd.DataFrame(
+        {"devices": [4, 1, 2, 1, 8], "wall_time_s": [30.0, 100.0, 60.0, 120.0, 20.0], "epoch_mode": ONE_PASS},
+        index=[7, 3, 5, 1, 9],
+    )
     out = speedup_table(table)
     baseline = statistics.median([100.0, 120.0])  # two 1-device runs: their median
     for _, row in out.iterrows():
@@ -59,8 +68,9 @@ def test_speedup_and_efficiency_from_a_made_up_table():
 
 
 def test_speedup_groups_and_shared_baseline():
-    table = pd.DataFrame({"devices": [1, 2, 2], "wall_time_s": [40.0, 25.0, 50.0],
-                          "epoch_mode": [ONE_PASS, ONE_PASS, FIXED_STEPS]})
+    table = pd.DataFrame(
+        {"devices": [1, 2, 2], "wall_time_s": [40.0, 25.0, 50.0], "epoch_mode": [ONE_PASS, ONE_PASS, FIXED_STEPS]}
+    )
     by_mode = speedup_table(table)
     assert by_mode.loc[2, "speedup"] == 1.0  # fixed_steps alone: its own smallest device count is the baseline
     assert by_mode.loc[2, "efficiency"] == 1.0
@@ -119,26 +129,60 @@ def recorded(spark, tmp_path_factory):
 
     uri = f"sqlite:///{tmp_path_factory.mktemp('lesson5-mlflow') / 'mlflow.db'}"
     _, train_converter, val_converter, class_names = prepare_data(None, num_devices=2, spark=spark)
-    common = dict(experiment=EXPERIMENT, sweep=SWEEP, batch_size=64, image_size=8, learning_rate=0.05,
-                  tracking_uri=uri)
+    common = dict(experiment=EXPERIMENT, sweep=SWEEP, batch_size=64, image_size=8, learning_rate=0.05, tracking_uri=uri)
     results = {
         # val_loss starts near ln(10) = 2.3 < 5: the threshold fires after the first epoch
-        "stopping_threshold": run_training(1, train_converter, val_converter, len(class_names), max_epochs=3,
-                                           min_delta=0.01, patience=5, stopping_threshold=5.0, **common),
+        "stopping_threshold": run_training(
+            1,
+            train_converter,
+            val_converter,
+            len(class_names),
+            max_epochs=3,
+            min_delta=0.01,
+            patience=5,
+            stopping_threshold=5.0,
+            **common,
+        ),
         # no epoch can beat the best by 10: after the first epoch, patience 1 runs out at the second; in mixed
         # precision (bfloat16 on the CPU), which must not change that
-        "patience": run_training(2, train_converter, val_converter, len(class_names), max_epochs=3,
-                                 min_delta=10.0, patience=1, stopping_threshold=None, mixed_precision=True,
-                                 **common),
+        "patience": run_training(
+            2,
+            train_converter,
+            val_converter,
+            len(class_names),
+            max_epochs=3,
+            min_delta=10.0,
+            patience=1,
+            stopping_threshold=None,
+            mixed_precision=True,
+            **common,
+        ),
     }
     model = LitClassificationModel(len(class_names), learning_rate=0.05, image_size=8)
     datamodule = PetastormDataModule(train_converter, val_converter, batch_size=64, image_size=8)
     early_stopping = {"min_delta": 0.0, "patience": 100, "stopping_threshold": None}
-    result = train(model, datamodule, max_epochs=2, early_stopping=early_stopping, mlflow_experiment=EXPERIMENT,
-                   tracking_uri=uri, progress_bar=False)
-    record_run(result, sweep=SWEEP, devices=1, launcher="plain", epoch_mode=ONE_PASS, batch_size=64,
-               steps=steps_per_epoch(len(train_converter), 64, 1), train_rows=len(train_converter),
-               max_epochs=2, tracking_uri=uri, **early_stopping)
+    result = train(
+        model,
+        datamodule,
+        max_epochs=2,
+        early_stopping=early_stopping,
+        mlflow_experiment=EXPERIMENT,
+        tracking_uri=uri,
+        progress_bar=False,
+    )
+    record_run(
+        result,
+        sweep=SWEEP,
+        devices=1,
+        launcher="plain",
+        epoch_mode=ONE_PASS,
+        batch_size=64,
+        steps=steps_per_epoch(len(train_converter), 64, 1),
+        train_rows=len(train_converter),
+        max_epochs=2,
+        tracking_uri=uri,
+        **early_stopping,
+    )
     results["max_epochs"] = result
     return uri, results
 
@@ -214,8 +258,16 @@ def test_stop_reasons_replayed_from_the_metric_histories(recorded):
 def test_claim_report_is_computed_from_the_table():
     from helpers.analysis import claim_report
 
-    table = pd.DataFrame({"devices": [1, 2, 4], "wall_time_s": [100.0, 55.0, 48.0], "epochs_run": [10, 10, 12],
-                          "best_val_loss": [0.50, 0.52, 0.58], "min_delta": 0.01, "epoch_mode": ONE_PASS})
+    table = pd.DataFrame(
+        {
+            "devices": [1, 2, 4],
+            "wall_time_s": [100.0, 55.0, 48.0],
+            "epochs_run": [10, 10, 12],
+            "best_val_loss": [0.50, 0.52, 0.58],
+            "min_delta": 0.01,
+            "epoch_mode": ONE_PASS,
+        }
+    )
     lines = claim_report(speedup_table(table))
     text = "\n".join(lines)
     assert "4 devices took 0.48 x the 1-device time" in text and "about half, as claimed" in text
@@ -226,4 +278,5 @@ def test_claim_report_is_computed_from_the_table():
     text = "\n".join(claim_report(speedup_table(slower)))
     assert "not faster at all" in text and "the same within min_delta" in text
     assert claim_report(speedup_table(table[table["devices"] > 1])) == [
-        "No 1-device run in the table: nothing to compare against."]
+        "No 1-device run in the table: nothing to compare against."
+    ]

@@ -227,8 +227,9 @@ def test_1_4_right(answer):
     assert verdict("1.4", answer) == PASSED
 
 
-@pytest.mark.parametrize("answer", [partitions_constant, partitions_coalesce, partitions_one_per_device,
-                                    partitions_by_label])
+@pytest.mark.parametrize(
+    "answer", [partitions_constant, partitions_coalesce, partitions_one_per_device, partitions_by_label]
+)
 def test_1_4_wrong(answer):
     assert verdict("1.4", answer) == "failed"
 
@@ -260,9 +261,14 @@ def spec_selected_fields(image_size):
         out["features"] = [decode_crop(c, image_size) for c in pdf["content"]]
         return out
 
-    return TransformSpec(transform, edit_fields=[("features", np.float32, (3, image_size, image_size), False),
-                                                 ("label_index", np.int64, (), False)],
-                         selected_fields=["features", "label_index", "row_id"])
+    return TransformSpec(
+        transform,
+        edit_fields=[
+            ("features", np.float32, (3, image_size, image_size), False),
+            ("label_index", np.int64, (), False),
+        ],
+        selected_fields=["features", "label_index", "row_id"],
+    )
 
 
 def spec_removed_fields(image_size):
@@ -276,9 +282,14 @@ def spec_removed_fields(image_size):
         stacked = ((np.stack(images) / 255.0 - MEAN) / STD).astype(np.float32).transpose(0, 3, 1, 2)
         return pdf.assign(features=list(np.ascontiguousarray(stacked)), label_index=pdf["label_index"].astype("int64"))
 
-    return TransformSpec(transform, edit_fields=[edit_field("features", np.float32, (3, image_size, image_size)),
-                                                 edit_field("label_index", np.int64, ())],
-                         removed_fields=["content"])
+    return TransformSpec(
+        transform,
+        edit_fields=[
+            edit_field("features", np.float32, (3, image_size, image_size)),
+            edit_field("label_index", np.int64, ()),
+        ],
+        removed_fields=["content"],
+    )
 
 
 def spec_with(decode, dtype=np.float32, shape=None, label_type=np.int64, keep_content=False):
@@ -334,17 +345,20 @@ def test_1_5_right(answer):
     assert verdict("1.5", answer) == PASSED
 
 
-@pytest.mark.parametrize("answer", [
-    spec_with(decode_unnormalised),
-    spec_with(decode_bgr),
-    spec_with(decode_hwc, shape=lambda size: (size, size, 3)),
-    spec_with(decode_crop, dtype=np.float64),
-    spec_with(decode_crop, label_type=None),
-    spec_with(decode_crop, keep_content=True),
-    spec_with(decode_no_rgb),
-    spec_hard_coded_size,
-], ids=["unnormalised", "bgr", "hwc", "float64", "int32-labels", "keeps-content", "no-rgb",
-    "hard-coded-size"])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        spec_with(decode_unnormalised),
+        spec_with(decode_bgr),
+        spec_with(decode_hwc, shape=lambda size: (size, size, 3)),
+        spec_with(decode_crop, dtype=np.float64),
+        spec_with(decode_crop, label_type=None),
+        spec_with(decode_crop, keep_content=True),
+        spec_with(decode_no_rgb),
+        spec_hard_coded_size,
+    ],
+    ids=["unnormalised", "bgr", "hwc", "float64", "int32-labels", "keeps-content", "no-rgb", "hard-coded-size"],
+)
 def test_1_5_wrong(answer):
     assert verdict("1.5", answer) == "failed"
 
@@ -358,14 +372,20 @@ def test_1_5_delegating(answer):
 
 
 def shard_torch_loader(converter, spec, shard, shard_count, batch_size):
-    return converter.make_torch_dataloader(batch_size=batch_size, num_epochs=1, cur_shard=shard,
-                                           shard_count=shard_count, transform_spec=spec)
+    return converter.make_torch_dataloader(
+        batch_size=batch_size, num_epochs=1, cur_shard=shard, shard_count=shard_count, transform_spec=spec
+    )
 
 
 def shard_batched_loader(converter, spec, shard, shard_count, batch_size):
     return converter.make_torch_dataloader(
-        transform_spec=spec, shard_count=shard_count, cur_shard=shard_count - 1 - shard, batch_size=batch_size,
-        num_epochs=1, workers_count=1, data_loader_fn=BatchedDataLoader,
+        transform_spec=spec,
+        shard_count=shard_count,
+        cur_shard=shard_count - 1 - shard,
+        batch_size=batch_size,
+        num_epochs=1,
+        workers_count=1,
+        data_loader_fn=BatchedDataLoader,
     )
 
 
@@ -374,8 +394,9 @@ def shard_unsharded(converter, spec, shard, shard_count, batch_size):
 
 
 def shard_forever(converter, spec, shard, shard_count, batch_size):
-    return converter.make_torch_dataloader(batch_size=batch_size, cur_shard=shard, shard_count=shard_count,
-                                           transform_spec=spec)
+    return converter.make_torch_dataloader(
+        batch_size=batch_size, cur_shard=shard, shard_count=shard_count, transform_spec=spec
+    )
 
 
 def shard_two_workers(converter, spec, shard, shard_count, batch_size):
@@ -400,8 +421,9 @@ def test_1_6_right(answer):
     assert verdict("1.6", answer) == PASSED
 
 
-@pytest.mark.parametrize("answer", [shard_unsharded, shard_forever, shard_two_workers, shard_fixed_batch,
-                                    shard_closed_loader])
+@pytest.mark.parametrize(
+    "answer", [shard_unsharded, shard_forever, shard_two_workers, shard_fixed_batch, shard_closed_loader]
+)
 def test_1_6_wrong(answer):
     assert verdict("1.6", answer) == "failed"
 
@@ -428,8 +450,9 @@ def restore_from_history(table_path, class_names):
 
 def restore_by_overwrite(table_path, class_names):
     newest = DeltaTable(table_path).version()
-    good = next(v for v in range(newest, -1, -1) if len(labels_at(table_path, v) & set(class_names)) == len(
-        set(class_names)))
+    good = next(
+        v for v in range(newest, -1, -1) if len(labels_at(table_path, v) & set(class_names)) == len(set(class_names))
+    )
     old = DeltaTable(table_path)
     old.load_as_version(good)
     write_deltalake(table_path, old.to_pyarrow_table(), mode="overwrite")
@@ -480,8 +503,9 @@ def test_1_7_right(answer):
     assert verdict("1.7", answer) == PASSED
 
 
-@pytest.mark.parametrize("answer", [restore_previous, restore_oldest_good, restore_read_only, restore_by_append,
-                                    restore_hard_coded])
+@pytest.mark.parametrize(
+    "answer", [restore_previous, restore_oldest_good, restore_read_only, restore_by_append, restore_hard_coded]
+)
 def test_1_7_wrong(answer):
     assert verdict("1.7", answer) == "failed"
 
@@ -527,8 +551,9 @@ def test_1_8_right(answer):
     assert verdict("1.8", answer) == PASSED
 
 
-@pytest.mark.parametrize("answer", [converter_all_columns, converter_not_repartitioned, converter_constant_files,
-                                    converter_dataframe])
+@pytest.mark.parametrize(
+    "answer", [converter_all_columns, converter_not_repartitioned, converter_constant_files, converter_dataframe]
+)
 def test_1_8_wrong(answer):
     assert verdict("1.8", answer) == "failed"
 
@@ -545,8 +570,9 @@ class StepsFromOneReader:
 
     def __init__(self, converter, spec, batch_size, steps_per_epoch, cur_shard=0, shard_count=1):
         self.steps_per_epoch = steps_per_epoch
-        self._context = converter.make_torch_dataloader(batch_size=batch_size, num_epochs=None, transform_spec=spec,
-                                                        cur_shard=cur_shard, shard_count=shard_count)
+        self._context = converter.make_torch_dataloader(
+            batch_size=batch_size, num_epochs=None, transform_spec=spec, cur_shard=cur_shard, shard_count=shard_count
+        )
         self._batches = None
 
     def __len__(self):
@@ -570,8 +596,13 @@ class StepsWithIslice:
     def __init__(self, converter, spec, batch_size, steps_per_epoch, cur_shard=0, shard_count=1):
         self.steps = steps_per_epoch
         self.context = converter.make_torch_dataloader(
-            batch_size=batch_size, num_epochs=None, transform_spec=spec, cur_shard=cur_shard,
-            shard_count=shard_count, workers_count=1, data_loader_fn=BatchedDataLoader,
+            batch_size=batch_size,
+            num_epochs=None,
+            transform_spec=spec,
+            cur_shard=cur_shard,
+            shard_count=shard_count,
+            workers_count=1,
+            data_loader_fn=BatchedDataLoader,
         )
         self.iterator = iter(self.context.__enter__())
 
@@ -590,8 +621,9 @@ class StepsFreshEachEpoch(StepsFromOneReader):
 
     def __init__(self, converter, spec, batch_size, steps_per_epoch, cur_shard=0, shard_count=1):
         self.steps_per_epoch = steps_per_epoch
-        self.args = dict(batch_size=batch_size, num_epochs=1, transform_spec=spec, cur_shard=cur_shard,
-                         shard_count=shard_count)
+        self.args = dict(
+            batch_size=batch_size, num_epochs=1, transform_spec=spec, cur_shard=cur_shard, shard_count=shard_count
+        )
         self.converter = converter
         self._batches = None
 
@@ -605,8 +637,9 @@ class StepsOnePass(StepsFromOneReader):
 
     def __init__(self, converter, spec, batch_size, steps_per_epoch, cur_shard=0, shard_count=1):
         super().__init__(converter, spec, batch_size, steps_per_epoch, cur_shard, shard_count)
-        self._context = converter.make_torch_dataloader(batch_size=batch_size, num_epochs=1, transform_spec=spec,
-                                                        cur_shard=cur_shard, shard_count=shard_count)
+        self._context = converter.make_torch_dataloader(
+            batch_size=batch_size, num_epochs=1, transform_spec=spec, cur_shard=cur_shard, shard_count=shard_count
+        )
 
     def __iter__(self):
         if self._batches is None:
@@ -652,22 +685,17 @@ def test_1_9_delegating():
 # --- every check: unanswered is "not attempted" ----------------------------------------------------------------
 
 
-def stub(*args):
-    ...
+def stub(*args): ...
 
 
 class StubBatches:
-    def __init__(self, converter, spec, batch_size, steps_per_epoch, cur_shard=0, shard_count=1):
-        ...
+    def __init__(self, converter, spec, batch_size, steps_per_epoch, cur_shard=0, shard_count=1): ...
 
-    def __iter__(self):
-        ...
+    def __iter__(self): ...
 
-    def __len__(self):
-        ...
+    def __len__(self): ...
 
-    def close(self):
-        ...
+    def close(self): ...
 
 
 @pytest.mark.parametrize("exercise", ["1.1", "1.2", "1.3", "1.4", "1.5", "1.6", "1.7", "1.8"])
@@ -681,6 +709,5 @@ def test_stub_class_is_not_attempted():
 
 
 def test_verdicts_are_the_same_when_run_again():
-    for exercise, answer in (("1.6", shard_torch_loader), ("1.7", restore_from_history),
-                             ("1.9", StepsFromOneReader)):
+    for exercise, answer in (("1.6", shard_torch_loader), ("1.7", restore_from_history), ("1.9", StepsFromOneReader)):
         assert [verdict(exercise, answer) for _ in range(2)] == [PASSED, PASSED]

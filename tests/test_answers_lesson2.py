@@ -60,8 +60,9 @@ def steps_ignoring_world(rows, batch_size, world_size):
 
 
 def steps_hard_coded(rows, batch_size, world_size):
-    return {(1438, 64, 1): 23, (1438, 64, 2): 12, (3670, 64, 8): 8, (100, 10, 1): 10}.get((rows, batch_size,
-                                                                                           world_size), 1)
+    return {(1438, 64, 1): 23, (1438, 64, 2): 12, (3670, 64, 8): 8, (100, 10, 1): 10}.get(
+        (rows, batch_size, world_size), 1
+    )
 
 
 @pytest.mark.parametrize("answer", [steps_ceil, steps_numpy, steps_float])
@@ -78,8 +79,7 @@ def test_2_1_wrong(answer):
 
 
 def optimizer_filter(model, learning_rate, momentum):
-    return torch.optim.SGD(filter(lambda p: p.requires_grad, model.parameters()), lr=learning_rate,
-                           momentum=momentum)
+    return torch.optim.SGD(filter(lambda p: p.requires_grad, model.parameters()), lr=learning_rate, momentum=momentum)
 
 
 def optimizer_named_groups(model, learning_rate, momentum):
@@ -111,8 +111,9 @@ def test_2_2_right(answer):
     assert verdict("2.2", answer) == "passed"
 
 
-@pytest.mark.parametrize("answer", [optimizer_every_parameter, optimizer_hard_coded, optimizer_adam,
-                                    optimizer_delegating])
+@pytest.mark.parametrize(
+    "answer", [optimizer_every_parameter, optimizer_hard_coded, optimizer_adam, optimizer_delegating]
+)
 def test_2_2_wrong(answer):
     assert verdict("2.2", answer) == "failed"
 
@@ -187,8 +188,9 @@ def test_2_3_right(answer):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("answer", [ModelInherited, ModelSuper, ModelCorrectCount, ModelConstantLoss,
-                                    ModelTrainLossAsVal])
+@pytest.mark.parametrize(
+    "answer", [ModelInherited, ModelSuper, ModelCorrectCount, ModelConstantLoss, ModelTrainLossAsVal]
+)
 def test_2_3_wrong(answer):
     assert verdict("2.3", {"MyModel": answer}) == "failed"
 
@@ -198,19 +200,32 @@ def test_2_3_wrong(answer):
 
 class DataModuleBatches(PetastormDataModule):
     def train_dataloader(self):
-        return PetastormBatches(self.train_converter, self.batch_size, self.image_size, cur_shard=self.device_id,
-                                shard_count=self.device_count, steps_per_epoch=self.steps_per_epoch, shuffle=True)
+        return PetastormBatches(
+            self.train_converter,
+            self.batch_size,
+            self.image_size,
+            cur_shard=self.device_id,
+            shard_count=self.device_count,
+            steps_per_epoch=self.steps_per_epoch,
+            shuffle=True,
+        )
 
     def val_dataloader(self):
-        return PetastormBatches(self.val_converter, self.batch_size, self.image_size, cur_shard=self.device_id,
-                                shard_count=self.device_count)
+        return PetastormBatches(
+            self.val_converter,
+            self.batch_size,
+            self.image_size,
+            cur_shard=self.device_id,
+            shard_count=self.device_count,
+        )
 
 
 class DataModuleKeywords(PetastormDataModule):
     def _loader(self, converter, **extra):
         shard = {"cur_shard": self.device_id, "shard_count": self.device_count}
-        return PetastormBatches(converter=converter, batch_size=self.batch_size, image_size=self.image_size,
-                                **shard, **extra)
+        return PetastormBatches(
+            converter=converter, batch_size=self.batch_size, image_size=self.image_size, **shard, **extra
+        )
 
     def train_dataloader(self):
         return self._loader(self.train_converter, steps_per_epoch=self.steps_per_epoch)
@@ -233,28 +248,47 @@ class DataModuleSuper(PetastormDataModule):
 
 class DataModuleUnshardedTrain(DataModuleBatches):
     def train_dataloader(self):
-        return PetastormBatches(self.train_converter, self.batch_size, self.image_size,
-                                steps_per_epoch=self.steps_per_epoch, shuffle=True)
+        return PetastormBatches(
+            self.train_converter, self.batch_size, self.image_size, steps_per_epoch=self.steps_per_epoch, shuffle=True
+        )
 
 
 class DataModuleHardCoded(DataModuleBatches):
     def train_dataloader(self):
-        return PetastormBatches(self.train_converter, 64, 32, cur_shard=self.device_id,
-                                shard_count=self.device_count, steps_per_epoch=self.steps_per_epoch)
+        return PetastormBatches(
+            self.train_converter,
+            64,
+            32,
+            cur_shard=self.device_id,
+            shard_count=self.device_count,
+            steps_per_epoch=self.steps_per_epoch,
+        )
 
 
 class DataModuleOneValBatch(DataModuleBatches):
     def val_dataloader(self):
-        return [next(iter(PetastormBatches(self.val_converter, self.batch_size, self.image_size,
-                                           cur_shard=self.device_id, shard_count=self.device_count)))]
+        return [
+            next(
+                iter(
+                    PetastormBatches(
+                        self.val_converter,
+                        self.batch_size,
+                        self.image_size,
+                        cur_shard=self.device_id,
+                        shard_count=self.device_count,
+                    )
+                )
+            )
+        ]
 
 
 @pytest.fixture(scope="module")
 def converters(spark, digits_dir, session_work_dir):
     from helpers.loaders import prepare_data
 
-    prepared = prepare_data(digits_dir, num_devices=1, spark=spark,
-                            table_path=session_work_dir / "tables" / "lesson2-answers")
+    prepared = prepare_data(
+        digits_dir, num_devices=1, spark=spark, table_path=session_work_dir / "tables" / "lesson2-answers"
+    )
     return {"train_converter": prepared.train_converter, "val_converter": prepared.val_converter}
 
 
@@ -265,8 +299,10 @@ def test_2_4_right(answer, converters):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("answer", [DataModuleInherited, DataModuleSuper, DataModuleUnshardedTrain,
-                                    DataModuleHardCoded, DataModuleOneValBatch])
+@pytest.mark.parametrize(
+    "answer",
+    [DataModuleInherited, DataModuleSuper, DataModuleUnshardedTrain, DataModuleHardCoded, DataModuleOneValBatch],
+)
 def test_2_4_wrong(answer, converters):
     assert verdict("2.4", {**converters, "MyDataModule": answer}) == "failed"
 
@@ -275,8 +311,10 @@ def test_2_4_wrong(answer, converters):
 
 
 def callbacks_list(patience, min_delta, checkpoint_dir):
-    return [EarlyStopping(monitor="val_loss", mode="min", min_delta=min_delta, patience=patience),
-            ModelCheckpoint(dirpath=checkpoint_dir, monitor="val_loss", mode="min", save_last=True)]
+    return [
+        EarlyStopping(monitor="val_loss", mode="min", min_delta=min_delta, patience=patience),
+        ModelCheckpoint(dirpath=checkpoint_dir, monitor="val_loss", mode="min", save_last=True),
+    ]
 
 
 def callbacks_tuple(patience, min_delta, checkpoint_dir):
@@ -289,13 +327,17 @@ def callbacks_hard_coded(patience, min_delta, checkpoint_dir):
 
 
 def callbacks_no_last(patience, min_delta, checkpoint_dir):
-    return [EarlyStopping(monitor="val_loss", min_delta=min_delta, patience=patience),
-            ModelCheckpoint(dirpath=checkpoint_dir, monitor="val_loss")]
+    return [
+        EarlyStopping(monitor="val_loss", min_delta=min_delta, patience=patience),
+        ModelCheckpoint(dirpath=checkpoint_dir, monitor="val_loss"),
+    ]
 
 
 def callbacks_max_mode(patience, min_delta, checkpoint_dir):
-    return [EarlyStopping(monitor="val_loss", mode="max", min_delta=min_delta, patience=patience),
-            ModelCheckpoint(dirpath=checkpoint_dir, monitor="val_loss", save_last=True)]
+    return [
+        EarlyStopping(monitor="val_loss", mode="max", min_delta=min_delta, patience=patience),
+        ModelCheckpoint(dirpath=checkpoint_dir, monitor="val_loss", save_last=True),
+    ]
 
 
 def callbacks_fixed_folder(patience, min_delta, checkpoint_dir):
@@ -307,8 +349,9 @@ def test_2_5_right(answer):
     assert verdict("2.5", answer) == "passed"
 
 
-@pytest.mark.parametrize("answer", [callbacks_hard_coded, callbacks_no_last, callbacks_max_mode,
-                                    callbacks_fixed_folder])
+@pytest.mark.parametrize(
+    "answer", [callbacks_hard_coded, callbacks_no_last, callbacks_max_mode, callbacks_fixed_folder]
+)
 def test_2_5_wrong(answer):
     assert verdict("2.5", answer) == "failed"
 
@@ -334,7 +377,8 @@ def fit_autolog(model, datamodule, callbacks, max_epochs, experiment, tracking_u
 def fit_logger(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
     logger = MLFlowLogger(experiment_name=experiment, tracking_uri=tracking_uri)  # Lightning logs on rank 0 only
     pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=logger, log_every_n_steps=1, **QUIET).fit(
-        model, datamodule)
+        model, datamodule
+    )
 
 
 def fit_autolog_implicit_run(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
@@ -392,8 +436,18 @@ def test_2_6_right(answer):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("answer", [fit_every_rank, fit_no_callbacks, fit_untracked, fit_run_left_open,
-                                    fit_default_experiment, fit_hard_coded_epochs, fit_delegating])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        fit_every_rank,
+        fit_no_callbacks,
+        fit_untracked,
+        fit_run_left_open,
+        fit_default_experiment,
+        fit_hard_coded_epochs,
+        fit_delegating,
+    ],
+)
 def test_2_6_wrong(answer):
     assert verdict("2.6", answer) == "failed"
 
@@ -423,8 +477,12 @@ def resume_last(model, datamodule, ckpt_path, max_epochs):
 
     keep = ModelCheckpoint(dirpath=Path(ckpt_path).parent, save_last=True)
     trainer = pl.Trainer(max_epochs=max_epochs, logger=False, callbacks=[keep], **QUIET)
-    trainer.fit(model, train_dataloaders=datamodule.train_dataloader(),
-                val_dataloaders=datamodule.val_dataloader(), ckpt_path="last")
+    trainer.fit(
+        model,
+        train_dataloaders=datamodule.train_dataloader(),
+        val_dataloaders=datamodule.val_dataloader(),
+        ckpt_path="last",
+    )
 
 
 def resume_from_scratch(model, datamodule, ckpt_path, max_epochs):
@@ -434,8 +492,9 @@ def resume_from_scratch(model, datamodule, ckpt_path, max_epochs):
 def resume_weights_only(model, datamodule, ckpt_path, max_epochs):
     saved = torch.load(ckpt_path, weights_only=False)
     model.load_state_dict(saved["state_dict"])
-    pl.Trainer(max_epochs=max_epochs - saved["epoch"] - 1, logger=False, enable_checkpointing=False,
-               **QUIET).fit(model, datamodule)
+    pl.Trainer(max_epochs=max_epochs - saved["epoch"] - 1, logger=False, enable_checkpointing=False, **QUIET).fit(
+        model, datamodule
+    )
 
 
 def resume_more_epochs(model, datamodule, ckpt_path, max_epochs):
@@ -458,8 +517,9 @@ def test_2_7_right(answer):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("answer", [resume_from_scratch, resume_weights_only, resume_more_epochs,
-                                    resume_hard_coded, resume_delegating])
+@pytest.mark.parametrize(
+    "answer", [resume_from_scratch, resume_weights_only, resume_more_epochs, resume_hard_coded, resume_delegating]
+)
 def test_2_7_wrong(answer):
     assert verdict("2.7", answer) == "failed"
 
@@ -469,16 +529,23 @@ def test_2_7_wrong(answer):
 
 def best_search(experiment, tracking_uri):
     mlflow.set_tracking_uri(tracking_uri)
-    runs = mlflow.search_runs(experiment_names=[experiment], filter_string="attributes.status = 'FINISHED'",
-                              order_by=["metrics.val_loss ASC"], max_results=1)
+    runs = mlflow.search_runs(
+        experiment_names=[experiment],
+        filter_string="attributes.status = 'FINISHED'",
+        order_by=["metrics.val_loss ASC"],
+        max_results=1,
+    )
     return runs["run_id"].iloc[0]
 
 
 def best_client(experiment, tracking_uri):
     client = MlflowClient(tracking_uri)
     found = client.get_experiment_by_name(experiment)
-    runs = [r for r in client.search_runs([found.experiment_id])
-            if r.info.status == "FINISHED" and "val_loss" in r.data.metrics]
+    runs = [
+        r
+        for r in client.search_runs([found.experiment_id])
+        if r.info.status == "FINISHED" and "val_loss" in r.data.metrics
+    ]
     return min(runs, key=lambda r: r.data.metrics["val_loss"]).info.run_id
 
 
@@ -488,14 +555,18 @@ def best_any_status(experiment, tracking_uri):
 
 
 def best_descending(experiment, tracking_uri):
-    runs = mlflow.search_runs(experiment_names=[experiment], filter_string="attributes.status = 'FINISHED'",
-                              order_by=["metrics.val_loss DESC"])
+    runs = mlflow.search_runs(
+        experiment_names=[experiment],
+        filter_string="attributes.status = 'FINISHED'",
+        order_by=["metrics.val_loss DESC"],
+    )
     return runs["run_id"].iloc[0]
 
 
 def best_every_experiment(experiment, tracking_uri):
-    runs = mlflow.search_runs(search_all_experiments=True, filter_string="attributes.status = 'FINISHED'",
-                              order_by=["metrics.val_loss ASC"])
+    runs = mlflow.search_runs(
+        search_all_experiments=True, filter_string="attributes.status = 'FINISHED'", order_by=["metrics.val_loss ASC"]
+    )
     return runs["run_id"].iloc[0]
 
 
@@ -512,8 +583,9 @@ def test_2_8_right(answer):
     assert verdict("2.8", answer) == "passed"
 
 
-@pytest.mark.parametrize("answer", [best_any_status, best_descending, best_every_experiment, best_latest,
-                                    best_hard_coded])
+@pytest.mark.parametrize(
+    "answer", [best_any_status, best_descending, best_every_experiment, best_latest, best_hard_coded]
+)
 def test_2_8_wrong(answer):
     assert verdict("2.8", answer) == "failed"
 
@@ -521,30 +593,34 @@ def test_2_8_wrong(answer):
 # --- not attempted ---------------------------------------------------------------------------------------------
 
 
-def stub(*args):
-    ...
+def stub(*args): ...
 
 
 class StubModel(LitClassificationModel):
-    def training_step(self, batch, batch_idx):
-        ...
+    def training_step(self, batch, batch_idx): ...
 
-    def validation_step(self, batch, batch_idx):
-        ...
+    def validation_step(self, batch, batch_idx): ...
 
 
 class StubDataModule(PetastormDataModule):
-    def train_dataloader(self):
-        ...
+    def train_dataloader(self): ...
 
-    def val_dataloader(self):
-        ...
+    def val_dataloader(self): ...
 
 
-@pytest.mark.parametrize("exercise, answer", [
-    ("2.1", stub), ("2.2", stub), ("2.3", {"MyModel": StubModel}),
-    ("2.4", {"MyDataModule": StubDataModule, "train_converter": None, "val_converter": None}),
-    ("2.5", stub), ("2.6", stub), ("2.7", stub), ("2.8", stub), ("2.3", {"MyModel": ...}),
-])
+@pytest.mark.parametrize(
+    "exercise, answer",
+    [
+        ("2.1", stub),
+        ("2.2", stub),
+        ("2.3", {"MyModel": StubModel}),
+        ("2.4", {"MyDataModule": StubDataModule, "train_converter": None, "val_converter": None}),
+        ("2.5", stub),
+        ("2.6", stub),
+        ("2.7", stub),
+        ("2.8", stub),
+        ("2.3", {"MyModel": ...}),
+    ],
+)
 def test_stubs_are_not_attempted(exercise, answer):
     assert _run(exercise, answer)[0] == "not attempted"

@@ -43,19 +43,17 @@ def assert_fails(exercise: str, answer) -> None:
 
 
 @pytest.fixture(scope="module")
-def converters(spark, digits_dir):
+def converters(digits_data):
     """The lesson's converters, prepared for 2 devices (4 files each)."""
-    from helpers.loaders import prepare_data
-
-    prepared = prepare_data(digits_dir, num_devices=2, spark=spark)
-    return {"train_converter": prepared.train_converter, "val_converter": prepared.val_converter}
+    return {"train_converter": digits_data.train_converter, "val_converter": digits_data.val_converter}
 
 
 def shard_ids_loader(converter):
     hvd.init()
     ids = []
-    with make_loader(converter, batch_size=128, image_size=8, cur_shard=hvd.rank(), shard_count=hvd.size(),
-                     num_epochs=1) as loader:
+    with make_loader(
+        converter, batch_size=128, image_size=8, cur_shard=hvd.rank(), shard_count=hvd.size(), num_epochs=1
+    ) as loader:
         for batch in loader:
             ids.extend(batch["row_id"].tolist())
     return ids
@@ -99,15 +97,15 @@ def test_3_1_right(converters, answer):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("answer", [shard_ids_two_shards, shard_ids_unsharded, shard_ids_datamodule,
-                                    shard_ids_one_batch])
+@pytest.mark.parametrize(
+    "answer", [shard_ids_two_shards, shard_ids_unsharded, shard_ids_datamodule, shard_ids_one_batch]
+)
 def test_3_1_wrong(converters, answer):
     assert_fails("3.1", {**converters, "my_shard_ids": answer})
 
 
 def test_3_1_stub_is_not_attempted(converters):
-    def my_shard_ids(converter):
-        ...
+    def my_shard_ids(converter): ...
 
     assert _run("3.1", {**converters, "my_shard_ids": my_shard_ids})[0] == "not attempted"
 
@@ -115,24 +113,30 @@ def test_3_1_stub_is_not_attempted(converters):
 # --- 3.2: scaled_learning_rate ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("answer", [
-    lambda base_lr, world_size: base_lr * world_size,
-    lambda base_lr, world_size: np.float64(base_lr) * np.int64(world_size),
-    lambda base_lr, world_size: torch.tensor(base_lr, dtype=torch.float64) * world_size,
-    lambda base_lr, world_size: sum([base_lr] * world_size),
-])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda base_lr, world_size: base_lr * world_size,
+        lambda base_lr, world_size: np.float64(base_lr) * np.int64(world_size),
+        lambda base_lr, world_size: torch.tensor(base_lr, dtype=torch.float64) * world_size,
+        lambda base_lr, world_size: sum([base_lr] * world_size),
+    ],
+)
 def test_3_2_right(answer):
     assert verdict("3.2", answer) == "passed"
 
 
-@pytest.mark.parametrize("answer", [
-    lambda base_lr, world_size: base_lr,
-    lambda base_lr, world_size: base_lr * 2,
-    lambda base_lr, world_size: base_lr / world_size,
-    lambda base_lr, world_size: base_lr * world_size ** 0.5,
-    lambda base_lr, world_size: round(base_lr * world_size, 4),
-    lambda base_lr, world_size: str(base_lr * world_size),
-])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda base_lr, world_size: base_lr,
+        lambda base_lr, world_size: base_lr * 2,
+        lambda base_lr, world_size: base_lr / world_size,
+        lambda base_lr, world_size: base_lr * world_size**0.5,
+        lambda base_lr, world_size: round(base_lr * world_size, 4),
+        lambda base_lr, world_size: str(base_lr * world_size),
+    ],
+)
 def test_3_2_wrong(answer):
     assert_fails("3.2", answer)
 
@@ -143,13 +147,15 @@ def test_3_2_wrong(answer):
 def distributed_keywords(model, optimizer, backward_passes_per_step):
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                    backward_passes_per_step=backward_passes_per_step)
+    return hvd.DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters(), backward_passes_per_step=backward_passes_per_step
+    )
 
 
 def distributed_wrap_first(model, optimizer, backward_passes_per_step):
-    wrapped = hvd.DistributedOptimizer(optimizer, model.named_parameters(),
-                                       backward_passes_per_step=backward_passes_per_step)
+    wrapped = hvd.DistributedOptimizer(
+        optimizer, model.named_parameters(), backward_passes_per_step=backward_passes_per_step
+    )
     hvd.broadcast_optimizer_state(wrapped, 0)
     hvd.broadcast_parameters(dict(model.named_parameters()), 0)
     return wrapped
@@ -157,8 +163,9 @@ def distributed_wrap_first(model, optimizer, backward_passes_per_step):
 
 def distributed_no_state(model, optimizer, backward_passes_per_step):
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                    backward_passes_per_step=backward_passes_per_step)
+    return hvd.DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters(), backward_passes_per_step=backward_passes_per_step
+    )
 
 
 def distributed_one_pass(model, optimizer, backward_passes_per_step):
@@ -186,8 +193,9 @@ def test_3_3_right(answer):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("answer", [distributed_no_state, distributed_one_pass, distributed_plain,
-                                    distributed_by_strategy])
+@pytest.mark.parametrize(
+    "answer", [distributed_no_state, distributed_one_pass, distributed_plain, distributed_by_strategy]
+)
 def test_3_3_wrong(answer):
     assert_fails("3.3", answer)
 
@@ -280,8 +288,9 @@ def pin_device_helper(use_gpu):
 def by_hand(scale=True, broadcast_state=True, save_on_all=False, log_on_all=False, shard=True, wrap_last=False):
     """A ``train_by_hand`` following the lesson's recipe, with one step left out or wrong by a flag."""
 
-    def train_by_hand(network, dataset, base_lr, epochs, batch_size, checkpoint_path, experiment, tracking_uri,
-                      use_gpu=False):
+    def train_by_hand(
+        network, dataset, base_lr, epochs, batch_size, checkpoint_path, experiment, tracking_uri, use_gpu=False
+    ):
         hvd.init()
         device = pin_device(use_gpu)
         network.to(device)
@@ -322,8 +331,9 @@ def by_hand(scale=True, broadcast_state=True, save_on_all=False, log_on_all=Fals
     return train_by_hand
 
 
-def by_hand_other_way(network, dataset, base_lr, epochs, batch_size, checkpoint_path, experiment, tracking_uri,
-                      use_gpu=False):
+def by_hand_other_way(
+    network, dataset, base_lr, epochs, batch_size, checkpoint_path, experiment, tracking_uri, use_gpu=False
+):
     """Right, written differently: slices its shard by hand, scales the lr in place, wraps first, restores a
     whole-objects checkpoint, logs in a `with` block, saves every epoch."""
     hvd.init()
@@ -374,8 +384,11 @@ def namespace_35(train_by_hand, pin=pin_device):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("answer", [namespace_35(by_hand()), namespace_35(by_hand_other_way, pin_device_strings)],
-                         ids=["recipe", "other-way"])
+@pytest.mark.parametrize(
+    "answer",
+    [namespace_35(by_hand()), namespace_35(by_hand_other_way, pin_device_strings)],
+    ids=["recipe", "other-way"],
+)
 def test_3_5_right(answer):
     assert verdict("3.5", answer) == "passed"
 
@@ -401,12 +414,11 @@ def test_3_5_wrong_names_the_step(case):
 
 
 def test_3_5_stubs_are_not_attempted():
-    def pin_device(use_gpu):
-        ...
+    def pin_device(use_gpu): ...
 
-    def train_by_hand(network, dataset, base_lr, epochs, batch_size, checkpoint_path, experiment, tracking_uri,
-                      use_gpu=False):
-        ...
+    def train_by_hand(
+        network, dataset, base_lr, epochs, batch_size, checkpoint_path, experiment, tracking_uri, use_gpu=False
+    ): ...
 
     assert _run("3.5", {"pin_device": pin_device, "train_by_hand": train_by_hand})[0] == "not attempted"
 

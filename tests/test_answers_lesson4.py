@@ -25,6 +25,7 @@ for _pickler in (cloudpickle, spark_cloudpickle):
 
 def verdict(exercise: str, answer) -> str:
     status, message = _run(exercise, answer)
+    print(status, message)  # shown by pytest when the verdict is not the expected one
     assert status in ("passed", "failed"), (status, message)
     return status
 
@@ -71,10 +72,17 @@ def launch_no_return(fn, num_workers, **kwargs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("answer, expected", [
-    (launch_positive, "passed"), (launch_spelled_out, "passed"),
-    (launch_on_driver, "failed"), (launch_two, "failed"), (launch_no_kwargs, "failed"), (launch_no_return, "failed"),
-])
+@pytest.mark.parametrize(
+    "answer, expected",
+    [
+        (launch_positive, "passed"),
+        (launch_spelled_out, "passed"),
+        (launch_on_driver, "failed"),
+        (launch_two, "failed"),
+        (launch_no_kwargs, "failed"),
+        (launch_no_return, "failed"),
+    ],
+)
 def test_4_2_horovod_on_the_workers(spark, answer, expected):
     assert verdict("4.2", {"launch_on_workers": answer, "WORKERS": 2, "spark": spark}) == expected
 
@@ -135,12 +143,18 @@ def layout_swapped(num_processes, local_mode):
     return layout_plain(num_processes, not local_mode)
 
 
-@pytest.mark.parametrize("make, layout, expected", [
-    (distributor_plain, layout_plain, "passed"), (distributor_positional, layout_numpy, "passed"),
-    (distributor_delegated, layout_plain, "failed"), (distributor_plain, layout_delegated, "failed"),
-    (distributor_two, layout_plain, "failed"), (distributor_cpu_only, layout_plain, "failed"),
-    (distributor_plain, layout_swapped, "failed"),
-])
+@pytest.mark.parametrize(
+    "make, layout, expected",
+    [
+        (distributor_plain, layout_plain, "passed"),
+        (distributor_positional, layout_numpy, "passed"),
+        (distributor_delegated, layout_plain, "failed"),
+        (distributor_plain, layout_delegated, "failed"),
+        (distributor_two, layout_plain, "failed"),
+        (distributor_cpu_only, layout_plain, "failed"),
+        (distributor_plain, layout_swapped, "failed"),
+    ],
+)
 def test_4_3_distributor_and_layout(spark, make, layout, expected):
     namespace = {"make_torch_distributor": make, "trainer_layout": layout, "WORKERS": 2, "USE_GPU": False}
     assert verdict("4.3", namespace) == expected
@@ -169,8 +183,10 @@ def table_answers(uri: str) -> dict:
         import mlflow
 
         mlflow.set_tracking_uri(uri)
-        frames = mlflow.search_runs(search_all_experiments=True,
-                                    filter_string=f"attributes.run_id IN ({', '.join(repr(i) for i in run_ids.values())})")
+        frames = mlflow.search_runs(
+            search_all_experiments=True,
+            filter_string=f"attributes.run_id IN ({', '.join(repr(i) for i in run_ids.values())})",
+        )
         names = {run_id: name for name, run_id in run_ids.items()}
         frames.index = frames["run_id"].map(names)
         return frames.rename(columns={f"metrics.{c}": c for c in COLUMNS})[list(COLUMNS)]
@@ -194,14 +210,27 @@ def table_answers(uri: str) -> dict:
         rows = {name: {c: metric_history(i, c, uri)[-1][1] for c in COLUMNS} for name, i in run_ids.items()}
         return pd.DataFrame.from_dict(rows, orient="index")
 
-    return {"from_dict": from_dict, "with_mlflow_search": with_mlflow_search, "first_values": first_values,
-            "hard_coded": hard_coded, "indexed_by_run_id": indexed_by_run_id, "delegated": delegated}
+    return {
+        "from_dict": from_dict,
+        "with_mlflow_search": with_mlflow_search,
+        "first_values": first_values,
+        "hard_coded": hard_coded,
+        "indexed_by_run_id": indexed_by_run_id,
+        "delegated": delegated,
+    }
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("from_dict", "passed"), ("with_mlflow_search", "passed"), ("first_values", "failed"),
-    ("hard_coded", "failed"), ("indexed_by_run_id", "failed"), ("delegated", "failed"),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("from_dict", "passed"),
+        ("with_mlflow_search", "passed"),
+        ("first_values", "failed"),
+        ("hard_coded", "failed"),
+        ("indexed_by_run_id", "failed"),
+        ("delegated", "failed"),
+    ],
+)
 def test_4_4_launcher_table(mlflow_uri, name, expected):
     answer = table_answers(mlflow_uri)[name]
     assert verdict("4.4", {"launcher_table": answer, "MLFLOW_TRACKING_URI": mlflow_uri}) == expected
@@ -219,13 +248,28 @@ def ddp_train_env_layout(train_converter, val_converter, class_count, settings, 
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     per_node = int(os.environ["LOCAL_WORLD_SIZE"])
-    model = LitClassificationModel(class_count, learning_rate=settings.learning_rate * world_size,
-                                   image_size=settings.image_size)
-    data = PetastormDataModule(train_converter, val_converter, settings.batch_size, settings.image_size,
-                               device_id=rank, device_count=world_size)
-    result = train(model, data, max_epochs=settings.max_epochs, accelerator="gpu" if settings.use_gpu else "cpu",
-                   devices=per_node, num_nodes=world_size // per_node, strategy="ddp",
-                   default_dir=settings.default_dir, progress_bar=False)
+    model = LitClassificationModel(
+        class_count, learning_rate=settings.learning_rate * world_size, image_size=settings.image_size
+    )
+    data = PetastormDataModule(
+        train_converter,
+        val_converter,
+        settings.batch_size,
+        settings.image_size,
+        device_id=rank,
+        device_count=world_size,
+    )
+    result = train(
+        model,
+        data,
+        max_epochs=settings.max_epochs,
+        accelerator="gpu" if settings.use_gpu else "cpu",
+        devices=per_node,
+        num_nodes=world_size // per_node,
+        strategy="ddp",
+        default_dir=settings.default_dir,
+        progress_bar=False,
+    )
     return result if rank == 0 else None
 
 
@@ -239,13 +283,28 @@ def ddp_train_own_trainer(train_converter, val_converter, class_count, settings,
     from helpers.model import LitClassificationModel
 
     env = os.environ
-    layout = ({"devices": int(env["WORLD_SIZE"]), "num_nodes": 1} if local_mode
-              else {"devices": 1, "num_nodes": int(env["WORLD_SIZE"])})
-    data = PetastormDataModule(train_converter, val_converter, settings.batch_size, settings.image_size,
-                               device_id=int(env["RANK"]), device_count=int(env["WORLD_SIZE"]))
-    trainer = pl.Trainer(max_epochs=settings.max_epochs, accelerator="cuda" if settings.use_gpu else "cpu",
-                         strategy=DDPStrategy(process_group_backend="nccl" if settings.use_gpu else "gloo"),
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False, **layout)
+    layout = (
+        {"devices": int(env["WORLD_SIZE"]), "num_nodes": 1}
+        if local_mode
+        else {"devices": 1, "num_nodes": int(env["WORLD_SIZE"])}
+    )
+    data = PetastormDataModule(
+        train_converter,
+        val_converter,
+        settings.batch_size,
+        settings.image_size,
+        device_id=int(env["RANK"]),
+        device_count=int(env["WORLD_SIZE"]),
+    )
+    trainer = pl.Trainer(
+        max_epochs=settings.max_epochs,
+        accelerator="cuda" if settings.use_gpu else "cpu",
+        strategy=DDPStrategy(process_group_backend="nccl" if settings.use_gpu else "gloo"),
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        **layout,
+    )
     trainer.fit(LitClassificationModel(class_count, image_size=settings.image_size), datamodule=data)
     if trainer.global_rank == 0:
         return {"val_loss": float(trainer.callback_metrics["val_loss"])}
@@ -257,8 +316,15 @@ def ddp_train_delegated(train_converter, val_converter, class_count, settings, l
 
     from helpers.distributor import train_process
 
-    return train_process("torch_distributor", train_converter, val_converter, class_count, settings,
-                         num_processes=int(os.environ["WORLD_SIZE"]), local_mode=local_mode)
+    return train_process(
+        "torch_distributor",
+        train_converter,
+        val_converter,
+        class_count,
+        settings,
+        num_processes=int(os.environ["WORLD_SIZE"]),
+        local_mode=local_mode,
+    )
 
 
 def ddp_train_hard_coded(train_converter, val_converter, class_count, settings, local_mode):
@@ -266,10 +332,18 @@ def ddp_train_hard_coded(train_converter, val_converter, class_count, settings, 
     from helpers.model import LitClassificationModel
     from helpers.training import train
 
-    data = PetastormDataModule(train_converter, val_converter, settings.batch_size, settings.image_size,
-                               device_id=0, device_count=2)
-    return train(LitClassificationModel(class_count, image_size=settings.image_size), data, max_epochs=1,
-                 devices=1, num_nodes=2, strategy="ddp", default_dir=settings.default_dir)
+    data = PetastormDataModule(
+        train_converter, val_converter, settings.batch_size, settings.image_size, device_id=0, device_count=2
+    )
+    return train(
+        LitClassificationModel(class_count, image_size=settings.image_size),
+        data,
+        max_epochs=1,
+        devices=1,
+        num_nodes=2,
+        strategy="ddp",
+        default_dir=settings.default_dir,
+    )
 
 
 def ddp_train_distributed_layout_only(train_converter, val_converter, class_count, settings, local_mode):
@@ -280,10 +354,23 @@ def ddp_train_distributed_layout_only(train_converter, val_converter, class_coun
     from helpers.training import train
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    data = PetastormDataModule(train_converter, val_converter, settings.batch_size, settings.image_size,
-                               device_id=rank, device_count=world_size)
-    return train(LitClassificationModel(class_count, image_size=settings.image_size), data, max_epochs=1,
-                 devices=1, num_nodes=world_size, strategy="ddp", default_dir=settings.default_dir)
+    data = PetastormDataModule(
+        train_converter,
+        val_converter,
+        settings.batch_size,
+        settings.image_size,
+        device_id=rank,
+        device_count=world_size,
+    )
+    return train(
+        LitClassificationModel(class_count, image_size=settings.image_size),
+        data,
+        max_epochs=1,
+        devices=1,
+        num_nodes=world_size,
+        strategy="ddp",
+        default_dir=settings.default_dir,
+    )
 
 
 def ddp_train_same_shard(train_converter, val_converter, class_count, settings, local_mode):
@@ -296,16 +383,20 @@ def ddp_train_same_shard(train_converter, val_converter, class_count, settings, 
     world_size = int(os.environ["WORLD_SIZE"])
     layout = {"devices": world_size, "num_nodes": 1} if local_mode else {"devices": 1, "num_nodes": world_size}
     data = PetastormDataModule(train_converter, val_converter, settings.batch_size, settings.image_size)
-    return train(LitClassificationModel(class_count, image_size=settings.image_size), data, max_epochs=1,
-                 strategy="ddp", default_dir=settings.default_dir, **layout)
+    return train(
+        LitClassificationModel(class_count, image_size=settings.image_size),
+        data,
+        max_epochs=1,
+        strategy="ddp",
+        default_dir=settings.default_dir,
+        **layout,
+    )
 
 
 @pytest.fixture(scope="module")
-def small_data(spark, digits_dir: Path):
+def small_data(digits_data):
     """A few hundred digits as Petastorm converters, 2 row groups per process."""
-    from helpers.loaders import prepare_data
-
-    return prepare_data(digits_dir, num_devices=2, spark=spark)
+    return digits_data
 
 
 @pytest.fixture()
@@ -314,16 +405,29 @@ def ddp_namespace(spark, small_data):
 
     _, train_converter, val_converter, class_names = small_data
     settings = TrainSettings(batch_size=64, image_size=8, max_epochs=3, mlflow_experiment="not-used-by-the-check")
-    return {"spark": spark, "train_converter": train_converter, "val_converter": val_converter,
-            "class_names": class_names, "settings": settings, "WORKERS": 2, "USE_GPU": False}
+    return {
+        "spark": spark,
+        "train_converter": train_converter,
+        "val_converter": val_converter,
+        "class_names": class_names,
+        "settings": settings,
+        "WORKERS": 2,
+        "USE_GPU": False,
+    }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("answer, expected", [
-    (ddp_train_env_layout, "passed"), (ddp_train_own_trainer, "passed"),
-    (ddp_train_delegated, "failed"), (ddp_train_hard_coded, "failed"),
-    (ddp_train_distributed_layout_only, "failed"), (ddp_train_same_shard, "failed"),
-])
+@pytest.mark.parametrize(
+    "answer, expected",
+    [
+        (ddp_train_env_layout, "passed"),
+        (ddp_train_own_trainer, "passed"),
+        (ddp_train_delegated, "failed"),
+        (ddp_train_hard_coded, "failed"),
+        (ddp_train_distributed_layout_only, "failed"),
+        (ddp_train_same_shard, "failed"),
+    ],
+)
 def test_4_5_training_function(ddp_namespace, answer, expected):
     assert verdict("4.5", {**ddp_namespace, "ddp_train": answer}) == expected
 
@@ -333,9 +437,23 @@ def test_4_5_rank_zero_must_return(ddp_namespace, monkeypatch):
     """The real job's reports: a function that returns nothing on rank 0 fails (checked without a job)."""
     from helpers.checks import lesson4
 
-    reports = {rank: {"fits": [{"devices": 1, "num_nodes": 2, "world_size": 2, "global_rank": rank,
-                                "strategy": "DDPStrategy", "gpu": False, "shard": [rank, 2]}], "returned": False}
-               for rank in range(2)}
+    reports = {
+        rank: {
+            "fits": [
+                {
+                    "devices": 1,
+                    "num_nodes": 2,
+                    "world_size": 2,
+                    "global_rank": rank,
+                    "strategy": "DDPStrategy",
+                    "gpu": False,
+                    "shard": [rank, 2],
+                }
+            ],
+            "returned": False,
+        }
+        for rank in range(2)
+    }
     monkeypatch.setattr(lesson4, "_on_workers", lambda *args: lesson4._judge_reports(reports, 2, False))
     assert verdict("4.5", {**ddp_namespace, "ddp_train": ddp_train_env_layout}) == "failed"
 
@@ -404,11 +522,17 @@ def resume_delegated(trainer, model, datamodule, checkpoint_dir):
     trainer.fit(model, datamodule=datamodule, ckpt_path=_last_checkpoint(checkpoint_dir))
 
 
-@pytest.mark.parametrize("answer, expected", [
-    (resume_by_epoch_in_file, "passed"), (resume_newest_readable, "passed"),
-    (resume_last_only, "failed"), (resume_alphabetical, "failed"), (resume_weights_only, "failed"),
-    (resume_delegated, "failed"),
-])
+@pytest.mark.parametrize(
+    "answer, expected",
+    [
+        (resume_by_epoch_in_file, "passed"),
+        (resume_newest_readable, "passed"),
+        (resume_last_only, "failed"),
+        (resume_alphabetical, "failed"),
+        (resume_weights_only, "failed"),
+        (resume_delegated, "failed"),
+    ],
+)
 def test_4_6_resume(answer, expected):
     assert verdict("4.6", {"resume_training": answer}) == expected
 
@@ -447,21 +571,31 @@ def slots_rounded_total(executors, cores, task_cpus, gpus, task_gpus):
     return min(total, int(executors * gpus // task_gpus)) if task_gpus else total
 
 
-@pytest.mark.parametrize("answer, expected", [
-    (slots_plain, "passed"), (slots_numpy, "passed"),
-    (slots_cores_only, "failed"), (slots_gpus_only, "failed"), (slots_constant, "failed"),
-    (slots_rounded_total, "failed"),
-])
+@pytest.mark.parametrize(
+    "answer, expected",
+    [
+        (slots_plain, "passed"),
+        (slots_numpy, "passed"),
+        (slots_cores_only, "failed"),
+        (slots_gpus_only, "failed"),
+        (slots_constant, "failed"),
+        (slots_rounded_total, "failed"),
+    ],
+)
 def test_4_7_task_slots(answer, expected):
     assert verdict("4.7", {"max_processes": answer}) == expected
 
 
 def test_unanswered_exercises_are_not_attempted():
-    def stub(*args):
-        ...
+    def stub(*args): ...
 
-    for exercise, names in {"4.2": ["launch_on_workers"], "4.3": ["make_torch_distributor", "trainer_layout"],
-                            "4.4": ["launcher_table"], "4.5": ["ddp_train"], "4.6": ["resume_training"],
-                            "4.7": ["max_processes"]}.items():
+    for exercise, names in {
+        "4.2": ["launch_on_workers"],
+        "4.3": ["make_torch_distributor", "trainer_layout"],
+        "4.4": ["launcher_table"],
+        "4.5": ["ddp_train"],
+        "4.6": ["resume_training"],
+        "4.7": ["max_processes"],
+    }.items():
         status, _ = _run(exercise, {name: stub for name in names})
         assert status == "not attempted", exercise

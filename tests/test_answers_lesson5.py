@@ -16,8 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from helpers.analysis import (FIXED_STEPS, ONE_PASS, TAG, plan_sweep, record_run, runs_table, speedup_table,
-                              stop_reason)
+from helpers.analysis import FIXED_STEPS, ONE_PASS, TAG, plan_sweep, record_run, runs_table, speedup_table, stop_reason
 from helpers.checks import _run
 from helpers.checks.lesson5 import _STOP_CASES, acceptable_reasons, plan_cases, stop_cases
 from helpers.training import steps_per_epoch
@@ -40,12 +39,29 @@ def _make_run(client, experiment_id, uri, sweep, devices, mode, time_s, losses, 
     for epoch, value in enumerate(losses):
         client.log_metric(run.info.run_id, "val_loss", value, step=epoch)
     client.log_metric(run.info.run_id, "wall_time_s", time_s)
-    result = SimpleNamespace(mlflow_run_id=run.info.run_id, stopped_reason=reason, epochs_run=len(losses),
-                             best_val_loss=min(losses), last_val_loss=losses[-1], val_acc=0.9)
+    result = SimpleNamespace(
+        mlflow_run_id=run.info.run_id,
+        stopped_reason=reason,
+        epochs_run=len(losses),
+        best_val_loss=min(losses),
+        last_val_loss=losses[-1],
+        val_acc=0.9,
+    )
     max_epochs = len(losses) if reason == "max_epochs" else 20
-    record_run(result, sweep=sweep, devices=devices, launcher="local", epoch_mode=mode, batch_size=32,
-               steps=steps_per_epoch(400, 32, 1 if mode == FIXED_STEPS else devices), train_rows=400, min_delta=0.01,
-               max_epochs=max_epochs, tracking_uri=uri, **settings)
+    record_run(
+        result,
+        sweep=sweep,
+        devices=devices,
+        launcher="local",
+        epoch_mode=mode,
+        batch_size=32,
+        steps=steps_per_epoch(400, 32, 1 if mode == FIXED_STEPS else devices),
+        train_rows=400,
+        min_delta=0.01,
+        max_epochs=max_epochs,
+        tracking_uri=uri,
+        **settings,
+    )
     client.set_terminated(run.info.run_id, status)
 
 
@@ -59,15 +75,50 @@ def namespace(session_work_dir):
     experiment_id = client.create_experiment(EXPERIMENT, artifact_location=str(session_work_dir / "l5-artifacts"))
     for devices, mode, time_s, losses, reason, settings in _RUNS:
         _make_run(client, experiment_id, uri, SWEEP, devices, mode, time_s, losses, reason, settings)
-    _make_run(client, experiment_id, uri, SWEEP, 4, ONE_PASS, 50.0, [1.0], "max_epochs", {"patience": 2,
-              "stopping_threshold": None}, status="FAILED")
-    _make_run(client, experiment_id, uri, "sweep-older", 1, ONE_PASS, 99.0, [1.0], "max_epochs", {"patience": 2,
-              "stopping_threshold": None})
+    _make_run(
+        client,
+        experiment_id,
+        uri,
+        SWEEP,
+        4,
+        ONE_PASS,
+        50.0,
+        [1.0],
+        "max_epochs",
+        {"patience": 2, "stopping_threshold": None},
+        status="FAILED",
+    )
+    _make_run(
+        client,
+        experiment_id,
+        uri,
+        "sweep-older",
+        1,
+        ONE_PASS,
+        99.0,
+        [1.0],
+        "max_epochs",
+        {"patience": 2, "stopping_threshold": None},
+    )
     table = runs_table(EXPERIMENT, uri, sweep=SWEEP)
-    return {"EXPERIMENT": EXPERIMENT, "SWEEP": SWEEP, "MLFLOW_TRACKING_URI": uri, "table": table,
-            "right": speedup_table(table[table["epoch_mode"] == ONE_PASS]), "DEVICE_COUNTS": [1, 2],
-            "base_settings": dict(batch_size=32, learning_rate=0.01, train_rows=1438, seed=0, max_epochs=5,
-                                  min_delta=0.01, patience=2, stopping_threshold=0.12)}
+    return {
+        "EXPERIMENT": EXPERIMENT,
+        "SWEEP": SWEEP,
+        "MLFLOW_TRACKING_URI": uri,
+        "table": table,
+        "right": speedup_table(table[table["epoch_mode"] == ONE_PASS]),
+        "DEVICE_COUNTS": [1, 2],
+        "base_settings": dict(
+            batch_size=32,
+            learning_rate=0.01,
+            train_rows=1438,
+            seed=0,
+            max_epochs=5,
+            min_delta=0.01,
+            patience=2,
+            stopping_threshold=0.12,
+        ),
+    }
 
 
 def verdict(namespace, exercise_id, name, answer, **extra):
@@ -88,15 +139,17 @@ def test_the_fixture_holds_the_sweep_with_a_boundary_run(namespace):
 def q_solution(experiment, sweep):
     import mlflow
 
-    return mlflow.search_runs(experiment_names=[experiment],
-                              filter_string=f"tags.`course.sweep` = '{sweep}' and attributes.status = 'FINISHED'")
+    return mlflow.search_runs(
+        experiment_names=[experiment],
+        filter_string=f"tags.`course.sweep` = '{sweep}' and attributes.status = 'FINISHED'",
+    )
 
 
 def q_status_in_pandas(experiment, sweep):
     import mlflow
 
     experiment_id = mlflow.get_experiment_by_name(experiment).experiment_id
-    runs = mlflow.search_runs([experiment_id], filter_string=f"tags.`{TAG}sweep` = \"{sweep}\"")
+    runs = mlflow.search_runs([experiment_id], filter_string=f'tags.`{TAG}sweep` = "{sweep}"')
     return runs[runs["status"] == "FINISHED"].reset_index(drop=True)
 
 
@@ -316,8 +369,9 @@ def test_5_3_right(namespace, answer):
     assert "lesson's 3 runs" in message
 
 
-@pytest.mark.parametrize("answer", [w_delegates, w_threshold_last, w_no_reset, w_best_always, w_off_by_one,
-                                    w_by_length])
+@pytest.mark.parametrize(
+    "answer", [w_delegates, w_threshold_last, w_no_reset, w_best_always, w_off_by_one, w_by_length]
+)
 def test_5_3_wrong(namespace, answer):
     status, message = verdict(namespace, "5.3", "why_stopped", answer)
     assert status == "failed", message
@@ -359,8 +413,11 @@ def r_delegates(rows, batch_size, devices, epoch_mode):
 
 
 def r_fixed_once(rows, batch_size, devices, epoch_mode):
-    return math.ceil(rows / batch_size) * batch_size * devices if epoch_mode == "fixed_steps" else r_solution(
-        rows, batch_size, devices, epoch_mode)
+    return (
+        math.ceil(rows / batch_size) * batch_size * devices
+        if epoch_mode == "fixed_steps"
+        else r_solution(rows, batch_size, devices, epoch_mode)
+    )
 
 
 def r_rows(rows, batch_size, devices, epoch_mode):
@@ -372,8 +429,12 @@ def r_floor(rows, batch_size, devices, epoch_mode):
     return rows // per_step * per_step if epoch_mode == "one_pass" else rows // batch_size * per_step * devices
 
 
-_LESSON_SIZES = {(1438, 32, 1, "one_pass"): 1440, (1438, 32, 2, "one_pass"): 1472, (1438, 32, 1, "fixed_steps"): 1440,
-                 (1438, 32, 2, "fixed_steps"): 5760}
+_LESSON_SIZES = {
+    (1438, 32, 1, "one_pass"): 1440,
+    (1438, 32, 2, "one_pass"): 1472,
+    (1438, 32, 1, "fixed_steps"): 1440,
+    (1438, 32, 2, "fixed_steps"): 5760,
+}
 
 
 def r_hard_coded(rows, batch_size, devices, epoch_mode):
@@ -407,19 +468,30 @@ def p_solution(max_devices, base_settings):
         if n > 1 and n * batch > rows:
             continue
         run = dict(base_settings)
-        run.update(devices=n, global_batch_size=n * batch, learning_rate=base_settings["learning_rate"] * n,
-                   steps_per_epoch=math.ceil(rows / (n * batch)))
+        run.update(
+            devices=n,
+            global_batch_size=n * batch,
+            learning_rate=base_settings["learning_rate"] * n,
+            steps_per_epoch=math.ceil(rows / (n * batch)),
+        )
         plan.append(run)
     return plan
 
 
 def p_numpy_tuple(max_devices, base_settings):
     batch, rows = base_settings["batch_size"], base_settings["train_rows"]
-    counts = sorted({2 ** k for k in range(int(math.log2(max_devices)) + 1)} | {max_devices})
+    counts = sorted({2**k for k in range(int(math.log2(max_devices)) + 1)} | {max_devices})
     usable = [n for n in counts if n == 1 or rows // n >= batch]
-    return tuple({**base_settings, "devices": np.int64(n), "global_batch_size": np.int64(batch * n),
-                  "learning_rate": np.float64(base_settings["learning_rate"]) * n,
-                  "steps_per_epoch": (rows + batch * n - 1) // (batch * n)} for n in usable)
+    return tuple(
+        {
+            **base_settings,
+            "devices": np.int64(n),
+            "global_batch_size": np.int64(batch * n),
+            "learning_rate": np.float64(base_settings["learning_rate"]) * n,
+            "steps_per_epoch": (rows + batch * n - 1) // (batch * n),
+        }
+        for n in usable
+    )
 
 
 def p_largest_first(max_devices, base_settings):
@@ -466,17 +538,32 @@ def p_powers_only(max_devices, base_settings):
 
 def p_every_count(max_devices, base_settings):
     batch, rows = base_settings["batch_size"], base_settings["train_rows"]
-    return [{**base_settings, "devices": n, "global_batch_size": n * batch,
-             "learning_rate": base_settings["learning_rate"] * n, "steps_per_epoch": math.ceil(rows / (n * batch))}
-            for n in range(1, max_devices + 1) if n * batch <= rows]
+    return [
+        {
+            **base_settings,
+            "devices": n,
+            "global_batch_size": n * batch,
+            "learning_rate": base_settings["learning_rate"] * n,
+            "steps_per_epoch": math.ceil(rows / (n * batch)),
+        }
+        for n in range(1, max_devices + 1)
+        if n * batch <= rows
+    ]
 
 
 def p_no_batch_rule(max_devices, base_settings):
     batch, rows = base_settings["batch_size"], base_settings["train_rows"]
-    counts = sorted({2 ** k for k in range(max_devices.bit_length()) if 2 ** k <= max_devices} | {max_devices})
-    return [{**base_settings, "devices": n, "global_batch_size": n * batch,
-             "learning_rate": base_settings["learning_rate"] * n, "steps_per_epoch": math.ceil(rows / (n * batch))}
-            for n in counts]
+    counts = sorted({2**k for k in range(max_devices.bit_length()) if 2**k <= max_devices} | {max_devices})
+    return [
+        {
+            **base_settings,
+            "devices": n,
+            "global_batch_size": n * batch,
+            "learning_rate": base_settings["learning_rate"] * n,
+            "steps_per_epoch": math.ceil(rows / (n * batch)),
+        }
+        for n in counts
+    ]
 
 
 def p_seed_per_run(max_devices, base_settings):
@@ -490,8 +577,21 @@ def test_5_5_right(namespace, answer):
     assert "devices [1, 2]" in message
 
 
-@pytest.mark.parametrize("answer", [p_delegates, p_hard_coded, p_global_batch_fixed, p_lr_not_scaled, p_fixed_steps,
-                                    p_shared_dict, p_powers_only, p_every_count, p_no_batch_rule, p_seed_per_run])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        p_delegates,
+        p_hard_coded,
+        p_global_batch_fixed,
+        p_lr_not_scaled,
+        p_fixed_steps,
+        p_shared_dict,
+        p_powers_only,
+        p_every_count,
+        p_no_batch_rule,
+        p_seed_per_run,
+    ],
+)
 def test_5_5_wrong(namespace, answer):
     status, message = verdict(namespace, "5.5", "sweep_plan", answer)
     assert status == "failed", message
@@ -505,11 +605,26 @@ def _lesson_parameters(path):
 
 @pytest.mark.parametrize("params", sorted((REPO_ROOT / "params").glob("*.yaml")), ids=lambda path: path.stem)
 def test_5_5_same_verdict_with_every_params_file(namespace, params):
-    values = {"BATCH_SIZE": 32, "LEARNING_RATE": 0.01, "MAX_EPOCHS": 5, "PATIENCE": 2, "STOPPING_THRESHOLD": 0.12,
-              "MIN_DELTA": 0.01, "SEED": 0, **_lesson_parameters(params)}
-    settings = dict(batch_size=values["BATCH_SIZE"], learning_rate=values["LEARNING_RATE"], train_rows=2936,
-                    seed=values["SEED"], max_epochs=values["MAX_EPOCHS"], min_delta=values["MIN_DELTA"],
-                    patience=values["PATIENCE"], stopping_threshold=values["STOPPING_THRESHOLD"])
+    values = {
+        "BATCH_SIZE": 32,
+        "LEARNING_RATE": 0.01,
+        "MAX_EPOCHS": 5,
+        "PATIENCE": 2,
+        "STOPPING_THRESHOLD": 0.12,
+        "MIN_DELTA": 0.01,
+        "SEED": 0,
+        **_lesson_parameters(params),
+    }
+    settings = dict(
+        batch_size=values["BATCH_SIZE"],
+        learning_rate=values["LEARNING_RATE"],
+        train_rows=2936,
+        seed=values["SEED"],
+        max_epochs=values["MAX_EPOCHS"],
+        min_delta=values["MIN_DELTA"],
+        patience=values["PATIENCE"],
+        stopping_threshold=values["STOPPING_THRESHOLD"],
+    )
     lesson = {**namespace, "DEVICE_COUNTS": values["DEVICE_COUNTS"], "base_settings": settings}
     assert verdict(lesson, "5.5", "sweep_plan", p_solution)[0] == "passed"
     assert verdict(lesson, "5.5", "sweep_plan", p_hard_coded)[0] == "failed"
@@ -576,19 +691,32 @@ def _stub(*args):
     ...
 
 
-@pytest.mark.parametrize(("exercise_id", "name"), [("5.1", "query_runs"), ("5.2", "speedup_efficiency"),
-                                                   ("5.3", "why_stopped"), ("5.4", "rows_per_epoch"),
-                                                   ("5.5", "sweep_plan"), ("5.6", "serial_fraction")])
+@pytest.mark.parametrize(
+    ("exercise_id", "name"),
+    [
+        ("5.1", "query_runs"),
+        ("5.2", "speedup_efficiency"),
+        ("5.3", "why_stopped"),
+        ("5.4", "rows_per_epoch"),
+        ("5.5", "sweep_plan"),
+        ("5.6", "serial_fraction"),
+    ],
+)
 def test_unanswered_is_not_attempted(namespace, exercise_id, name):
     assert verdict(namespace, exercise_id, name, _stub)[0] == "not attempted"
     assert _run(exercise_id, {name: ...})[0] == "not attempted"
 
 
-@pytest.mark.parametrize(("exercise_id", "name", "answer"), [("5.2", "speedup_efficiency", s_solution),
-                                                             ("5.3", "why_stopped", w_solution),
-                                                             ("5.4", "rows_per_epoch", r_solution),
-                                                             ("5.5", "sweep_plan", p_solution),
-                                                             ("5.6", "serial_fraction", f_solution)])
+@pytest.mark.parametrize(
+    ("exercise_id", "name", "answer"),
+    [
+        ("5.2", "speedup_efficiency", s_solution),
+        ("5.3", "why_stopped", w_solution),
+        ("5.4", "rows_per_epoch", r_solution),
+        ("5.5", "sweep_plan", p_solution),
+        ("5.6", "serial_fraction", f_solution),
+    ],
+)
 def test_checks_work_without_the_lessons_runs(exercise_id, name, answer):
     assert _run(exercise_id, {name: answer})[0] == "passed"
 
@@ -598,6 +726,10 @@ def test_returning_nothing_is_not_attempted(namespace):
         """A body without a return."""
         print("working on it")
 
-    for exercise_id, name in [("5.2", "speedup_efficiency"), ("5.3", "why_stopped"), ("5.4", "rows_per_epoch"),
-                              ("5.5", "sweep_plan")]:
+    for exercise_id, name in [
+        ("5.2", "speedup_efficiency"),
+        ("5.3", "why_stopped"),
+        ("5.4", "rows_per_epoch"),
+        ("5.5", "sweep_plan"),
+    ]:
         assert verdict(namespace, exercise_id, name, empty)[0] == "not attempted"

@@ -40,8 +40,9 @@ def test_alternate_interleaves_and_repeats_at_least_five_times():
 
 def test_alternate_records_each_entry_of_a_dict_measurement():
     counter = iter(range(100))
-    values = alternate({"run": lambda: {"64": float(next(counter)), "256": float(next(counter))}},
-                       warmup=False, log=lambda _: None)
+    values = alternate(
+        {"run": lambda: {"64": float(next(counter)), "256": float(next(counter))}}, warmup=False, log=lambda _: None
+    )
     assert values == {"run@64": [0.0, 2.0, 4.0, 6.0, 8.0], "run@256": [1.0, 3.0, 5.0, 7.0, 9.0]}
 
 

@@ -31,7 +31,9 @@ PRELUDE = (
     "WORK = os.environ['COURSE_WORK_DIR']\n"
 )
 
-MAIN_SCRIPT = PRELUDE + '''
+MAIN_SCRIPT = (
+    PRELUDE
+    + '''
 from helpers.cluster import LocalCluster, alive_workers, master_state
 from helpers.spark import get_spark
 
@@ -85,9 +87,12 @@ report["local_after_exit"] = [local.sparkContext.master, sizing(local)]
 local.stop()
 print("REPORT " + json.dumps(report))
 '''
+)
 
 # The exit hook below is registered before helpers.cluster is imported, so it runs after the cluster's own.
-ERROR_AND_EXIT_SCRIPT = PRELUDE + '''
+ERROR_AND_EXIT_SCRIPT = (
+    PRELUDE
+    + """
 import atexit
 
 report = {}
@@ -115,16 +120,20 @@ report["error_pids_running"] = alive(report["error_pids"])
 abandoned = LocalCluster(workers=1, start_timeout=START_TIMEOUT).start()
 report["exit_pids"] = abandoned.pids
 report["exit_running"] = processes_of(WORK)
-'''
+"""
+)
 
 
-SIGTERM_SCRIPT = PRELUDE + '''
+SIGTERM_SCRIPT = (
+    PRELUDE
+    + """
 from helpers.cluster import LocalCluster
 
 cluster = LocalCluster(workers=1, start_timeout=START_TIMEOUT).start()
 print("PIDS " + json.dumps(cluster.pids), flush=True)
 time.sleep(SCRIPT_TIMEOUT)
-'''
+"""
+)
 
 
 def start_script(source: str, work: Path) -> subprocess.Popen:
@@ -180,7 +189,10 @@ def test_tasks_run_in_one_executor_jvm_per_worker_with_this_interpreter(main_run
 def test_executors_are_sized_to_fit_the_workers(main_run):
     report, _ = main_run
     fitted = {
-        "spark.executor.cores": "1", "spark.executor.memory": "768m", "spark.task.cpus": "1", "spark.cores.max": "2"
+        "spark.executor.cores": "1",
+        "spark.executor.memory": "768m",
+        "spark.task.cpus": "1",
+        "spark.cores.max": "2",
     }
     assert report["sizing"] == fitted
     # Also when the py4j gateway was already running (the guest connects from the same driver process) ...
@@ -238,7 +250,7 @@ def test_sigterm_to_the_driver_stops_the_cluster_before_it_dies(tmp_path):
     try:
         pids_line = next((line for line in process.stdout if line.startswith("PIDS ")), None)
         assert pids_line, f"the cluster did not start: {driver_errors(tmp_path)}"
-        pids = json.loads(pids_line[len("PIDS "):])
+        pids = json.loads(pids_line[len("PIDS ") :])
         assert len(alive(pids)) == 2
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == -signal.SIGTERM

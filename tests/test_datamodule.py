@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-import pytorch_lightning as pl
 import pytest
+import pytorch_lightning as pl
 
 from helpers.datamodule import PetastormDataModule
-from helpers.loaders import prepare_data
 from helpers.model import LitClassificationModel
 
 
-@pytest.fixture(scope="module")
-def digits(spark, digits_dir):
-    return prepare_data(digits_dir, num_devices=2, spark=spark)
-
-
-def test_an_epoch_is_one_pass_whatever_the_device_count(digits):
-    rows = len(digits.train_converter)
-    one = PetastormDataModule(digits.train_converter, digits.val_converter, batch_size=64)
-    two = [PetastormDataModule(digits.train_converter, digits.val_converter, batch_size=64, device_id=rank,
-                               device_count=2) for rank in range(2)]
+def test_an_epoch_is_one_pass_whatever_the_device_count(digits_data):
+    rows = len(digits_data.train_converter)
+    one = PetastormDataModule(digits_data.train_converter, digits_data.val_converter, batch_size=64)
+    two = [
+        PetastormDataModule(
+            digits_data.train_converter, digits_data.val_converter, batch_size=64, device_id=rank, device_count=2
+        )
+        for rank in range(2)
+    ]
     assert one.steps_per_epoch * 64 >= rows > (one.steps_per_epoch - 1) * 64
     assert all(dm.steps_per_epoch == -(-rows // 128) for dm in two)
     seen = 0
@@ -29,21 +27,29 @@ def test_an_epoch_is_one_pass_whatever_the_device_count(digits):
     assert rows <= seen < rows + 2 * 64  # together the two devices cover the data once per epoch
 
 
-def test_validation_shards_cover_the_validation_set(digits):
+def test_validation_shards_cover_the_validation_set(digits_data):
     ids = []
     for rank in range(2):
-        dm = PetastormDataModule(digits.train_converter, digits.val_converter, batch_size=50, device_id=rank,
-                                 device_count=2)
+        dm = PetastormDataModule(
+            digits_data.train_converter, digits_data.val_converter, batch_size=50, device_id=rank, device_count=2
+        )
         ids += [i for b in dm.val_dataloader() for i in b["row_id"].tolist()]
-    assert sorted(ids) == sorted(set(ids)) and len(ids) == len(digits.val_converter)
+    assert sorted(ids) == sorted(set(ids)) and len(ids) == len(digits_data.val_converter)
 
 
 @pytest.mark.slow
-def test_lightning_learns_from_petastorm_batches_over_several_epochs(digits):
-    dm = PetastormDataModule(digits.train_converter, digits.val_converter, batch_size=64, image_size=16)
-    model = LitClassificationModel(class_count=len(digits.class_names), learning_rate=0.05, image_size=16)
-    trainer = pl.Trainer(max_epochs=4, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False)
+def test_lightning_learns_from_petastorm_batches_over_several_epochs(digits_data):
+    dm = PetastormDataModule(digits_data.train_converter, digits_data.val_converter, batch_size=64, image_size=16)
+    model = LitClassificationModel(class_count=len(digits_data.class_names), learning_rate=0.05, image_size=16)
+    trainer = pl.Trainer(
+        max_epochs=4,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model, datamodule=dm)
     metrics = trainer.callback_metrics
     assert trainer.current_epoch == 4  # no "resetting a reader" error between epochs

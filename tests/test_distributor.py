@@ -41,10 +41,9 @@ def test_backend_is_nccl_on_gpu_and_gloo_on_cpu():
     assert process_group_backend(False) == "gloo"
 
 
-def test_settings_are_fixed_on_the_driver_and_copied_with_changes(tmp_path, monkeypatch):
-    monkeypatch.setenv("COURSE_WORK_DIR", str(tmp_path))
+def test_settings_are_fixed_on_the_driver_and_copied_with_changes(work_dir):
     settings = TrainSettings(max_epochs=2)
-    assert settings.work_dir == str(tmp_path)
+    assert settings.work_dir == str(work_dir)
     resumed = settings.replace(ckpt_restore="x/last.ckpt")
     assert (resumed.ckpt_restore, resumed.max_epochs, settings.ckpt_restore) == ("x/last.ckpt", 2, None)
 
@@ -62,7 +61,7 @@ def test_settings_default_to_the_cpu_in_full_precision_and_refuse_flags_that_are
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Precision bf16-mixed is not supported by the model summary")
-def test_mixed_precision_reaches_the_trainer_of_a_real_horovod_run(spark, digits_dir: Path, tmp_path, monkeypatch):
+def test_mixed_precision_reaches_the_trainer_of_a_real_horovod_run(work_dir, spark, digits_dir: Path):
     """``train_hvd`` in this process (Horovod with one rank): on the CPU mixed precision is bfloat16."""
     import horovod.torch as hvd
 
@@ -72,18 +71,22 @@ def test_mixed_precision_reaches_the_trainer_of_a_real_horovod_run(spark, digits
 
     assert precision_for(True, use_gpu=False) == "bf16-mixed"
     _, train_converter, val_converter, class_names = prepare_data(digits_dir, num_devices=1, spark=spark)
-    monkeypatch.setenv("COURSE_WORK_DIR", str(tmp_path))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    settings = TrainSettings(batch_size=64, image_size=8, max_epochs=1, mixed_precision=True,
-                             mlflow_experiment="mixed-precision", tracking_uri=uri)
+    uri = f"sqlite:///{work_dir / 'mlflow.db'}"
+    settings = TrainSettings(
+        batch_size=64,
+        image_size=8,
+        max_epochs=1,
+        mixed_precision=True,
+        mlflow_experiment="mixed-precision",
+        tracking_uri=uri,
+    )
     try:
         result = train_hvd(train_converter, val_converter, len(class_names), settings)
     finally:
         hvd.shutdown()
     assert result.epochs_run == 1 and result.val_acc is not None and result.best_val_loss < 10
     params = MlflowClient(uri).get_run(result.mlflow_run_id).data.params
-    assert (params["precision"], params["accelerator"], params["strategy"]) == (
-        "bf16-mixed", "cpu", "HorovodStrategy")
+    assert (params["precision"], params["accelerator"], params["strategy"]) == ("bf16-mixed", "cpu", "HorovodStrategy")
 
 
 def test_more_processes_than_task_slots_is_refused_before_starting(spark):
@@ -114,32 +117,34 @@ def test_error_summary_is_the_training_process_s_last_python_error():
 
 
 @pytest.mark.slow
-def test_local_mode_ddp_trains_to_the_floor_with_one_mlflow_run(spark, digits_dir: Path, tmp_path, monkeypatch):
-    from helpers.loaders import prepare_data
-
-    _, train_converter, val_converter, class_names = prepare_data(digits_dir, num_devices=2, spark=spark)
-    monkeypatch.setenv("COURSE_WORK_DIR", str(tmp_path))
-    settings = TrainSettings(batch_size=32, image_size=16, learning_rate=0.02, max_epochs=2,
-                             mlflow_experiment="ddp-local")
-    result = train_with_distributor(train_converter, val_converter, len(class_names), settings,
-                                    num_processes=2, local_mode=True, spark=spark)
+def test_local_mode_ddp_trains_to_the_floor_with_one_mlflow_run(work_dir, spark, digits_data):
+    _, train_converter, val_converter, class_names = digits_data
+    settings = TrainSettings(
+        batch_size=32, image_size=16, learning_rate=0.02, max_epochs=2, mlflow_experiment="ddp-local"
+    )
+    result = train_with_distributor(
+        train_converter, val_converter, len(class_names), settings, num_processes=2, local_mode=True, spark=spark
+    )
     assert result.val_acc >= ACCURACY_FLOOR
     assert result.epochs_run == 2 and [row["epoch"] for row in result.history] == [0, 1]
-    assert Path(result.last_checkpoint).parent == tmp_path / "checkpoints" / Path(result.last_checkpoint).parent.name
+    assert Path(result.last_checkpoint).parent == work_dir / "checkpoints" / Path(result.last_checkpoint).parent.name
     client = MlflowClient(tracking_uri())
     runs = client.search_runs([client.get_experiment_by_name("ddp-local").experiment_id])
     assert len(runs) == 1  # rank 0 only
     params = runs[0].data.params
     assert (params["world_size"], params["devices"], params["num_nodes"]) == ("2", "2", "1")
-    assert (params["strategy"], params["launcher"], params["local_mode"]) == ("DDPStrategy", "torch_distributor", "True")
+    assert (params["strategy"], params["launcher"], params["local_mode"]) == (
+        "DDPStrategy",
+        "torch_distributor",
+        "True",
+    )
     # DDP averages gradients like Horovod: the learning rate is scaled by the world size
     assert float(params["effective_learning_rate"]) == pytest.approx(2 * 0.02)
     assert runs[0].info.status == "FINISHED"
 
 
 @pytest.mark.slow
-def test_a_failing_process_raises_a_distributor_error_with_its_python_error(spark, tmp_path, monkeypatch):
-    monkeypatch.setenv("COURSE_WORK_DIR", str(tmp_path))
+def test_a_failing_process_raises_a_distributor_error_with_its_python_error(work_dir, spark):
     with pytest.raises(DistributorError, match="failed after .* s: .*class_count") as caught:
         # class_count=0 makes every process raise in the model's constructor
         train_with_distributor(None, None, 0, TrainSettings(), num_processes=2, local_mode=True, spark=spark)

@@ -66,6 +66,8 @@ def test_horovod_is_built_with_pytorch_and_gloo():
     assert version("horovod") == pinned
 
 
-@pytest.mark.parametrize("module", ["petastorm.spark", "pytorch_lightning", "mlflow.pytorch", "deltalake", "horovod.torch"])
+@pytest.mark.parametrize(
+    "module", ["petastorm.spark", "pytorch_lightning", "mlflow.pytorch", "deltalake", "horovod.torch"]
+)
 def test_course_modules_import(module):
     subprocess.run([sys.executable, "-c", f"import {module}"], check=True, timeout=120)

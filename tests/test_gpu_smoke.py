@@ -50,8 +50,11 @@ def _backbone() -> str:
 
 def _report(what: str, images: int, seconds: float) -> float:
     rate = images / seconds if seconds > 0 else float("nan")
-    print(f"\n[gpu-smoke] {what}: {images} images in {seconds:.1f} s = {rate:,.0f} images/s "
-          f"({torch.cuda.get_device_name(0)})", flush=True)
+    print(
+        f"\n[gpu-smoke] {what}: {images} images in {seconds:.1f} s = {rate:,.0f} images/s "
+        f"({torch.cuda.get_device_name(0)})",
+        flush=True,
+    )
     return rate
 
 
@@ -69,17 +72,25 @@ def test_lesson2_model_trains_on_the_gpu(data, tmp_path):
     from helpers.training import train
 
     print(f"\n[gpu-smoke] {describe_devices()}")
-    model = LitClassificationModel(len(data.class_names), learning_rate=0.02, backbone=_backbone(),
-                                   image_size=IMAGE_SIZE)
+    model = LitClassificationModel(
+        len(data.class_names), learning_rate=0.02, backbone=_backbone(), image_size=IMAGE_SIZE
+    )
     datamodule = PetastormDataModule(data.train_converter, data.val_converter, BATCH_SIZE, IMAGE_SIZE)
-    result = train(model, datamodule, max_epochs=EPOCHS, accelerator=accelerator_for(True), devices=1,
-                   early_stopping=False, default_dir=tmp_path, progress_bar=False)
+    result = train(
+        model,
+        datamodule,
+        max_epochs=EPOCHS,
+        accelerator=accelerator_for(True),
+        devices=1,
+        early_stopping=False,
+        default_dir=tmp_path,
+        progress_bar=False,
+    )
     assert next(model.parameters()).device.type == "cuda"
     assert result.epochs_run == EPOCHS
     losses = [row["train_loss"] for row in result.history if "train_loss" in row]
     assert losses[-1] < losses[0], losses
-    _report(f"train() on 1 GPU, {_backbone()}, {IMAGE_SIZE} px", len(data.train_converter) * EPOCHS,
-            result.wall_time_s)
+    _report(f"train() on 1 GPU, {_backbone()}, {IMAGE_SIZE} px", len(data.train_converter) * EPOCHS, result.wall_time_s)
 
 
 def _train_on_horovod_gpu(train_converter, val_converter, class_count, backbone, default_dir):
@@ -94,12 +105,26 @@ def _train_on_horovod_gpu(train_converter, val_converter, class_count, backbone,
 
     hvd.init()
     model = LitClassificationModel(class_count, learning_rate=0.02, backbone=backbone, image_size=IMAGE_SIZE)
-    datamodule = PetastormDataModule(train_converter, val_converter, BATCH_SIZE, IMAGE_SIZE,
-                                     device_id=hvd.rank(), device_count=hvd.size())
-    result = train(model, datamodule, max_epochs=EPOCHS, strategy=HorovodStrategy(), accelerator="gpu",
-                   early_stopping=False, default_dir=default_dir, progress_bar=False)
-    return {"result": result, "device": str(next(model.parameters()).device),
-            "current_device": torch.cuda.current_device(), "local_rank": hvd.local_rank(), "size": hvd.size()}
+    datamodule = PetastormDataModule(
+        train_converter, val_converter, BATCH_SIZE, IMAGE_SIZE, device_id=hvd.rank(), device_count=hvd.size()
+    )
+    result = train(
+        model,
+        datamodule,
+        max_epochs=EPOCHS,
+        strategy=HorovodStrategy(),
+        accelerator="gpu",
+        early_stopping=False,
+        default_dir=default_dir,
+        progress_bar=False,
+    )
+    return {
+        "result": result,
+        "device": str(next(model.parameters()).device),
+        "current_device": torch.cuda.current_device(),
+        "local_rank": hvd.local_rank(),
+        "size": hvd.size(),
+    }
 
 
 def test_horovod_runner_trains_on_the_gpu(data, tmp_path):
@@ -113,14 +138,21 @@ def test_horovod_runner_trains_on_the_gpu(data, tmp_path):
         "(rm -rf .cache/wheels/horovod-* .venv/.setup-done first)"
     )
     out = HorovodRunner(np=-1, use_gpu=True).run(
-        _train_on_horovod_gpu, train_converter=data.train_converter, val_converter=data.val_converter,
-        class_count=len(data.class_names), backbone=_backbone(), default_dir=str(tmp_path),
+        _train_on_horovod_gpu,
+        train_converter=data.train_converter,
+        val_converter=data.val_converter,
+        class_count=len(data.class_names),
+        backbone=_backbone(),
+        default_dir=str(tmp_path),
     )
     assert out["size"] == 1
     assert out["device"] == f"cuda:{out['local_rank']}" and out["current_device"] == out["local_rank"]
     assert out["result"].epochs_run == EPOCHS
-    _report(f"HorovodRunner(np=-1) on the GPU (NCCL built: {support['nccl']})",
-            len(data.train_converter) * EPOCHS, out["result"].wall_time_s)
+    _report(
+        f"HorovodRunner(np=-1) on the GPU (NCCL built: {support['nccl']})",
+        len(data.train_converter) * EPOCHS,
+        out["result"].wall_time_s,
+    )
 
 
 def test_mixed_precision_trains_on_the_gpu(data, tmp_path):
@@ -131,11 +163,20 @@ def test_mixed_precision_trains_on_the_gpu(data, tmp_path):
     from helpers.model import LitClassificationModel
 
     precision = precision_for(True, use_gpu=True)
-    model = LitClassificationModel(len(data.class_names), learning_rate=0.02, backbone=_backbone(),
-                                   image_size=IMAGE_SIZE)
+    model = LitClassificationModel(
+        len(data.class_names), learning_rate=0.02, backbone=_backbone(), image_size=IMAGE_SIZE
+    )
     datamodule = PetastormDataModule(data.train_converter, data.val_converter, BATCH_SIZE, IMAGE_SIZE)
-    trainer = pl.Trainer(accelerator="gpu", devices=1, precision=precision, max_epochs=EPOCHS, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, default_root_dir=tmp_path)
+    trainer = pl.Trainer(
+        accelerator="gpu",
+        devices=1,
+        precision=precision,
+        max_epochs=EPOCHS,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )
     started = time.perf_counter()
     trainer.fit(model, datamodule=datamodule)
     seconds = time.perf_counter() - started

@@ -133,7 +133,11 @@ def test_a_class_grades_to_the_right_statuses(tmp_path):
     assert "the check cell raised NameError" in details["erin__99_course_fixture.ipynb", "99.1"]
     assert "the run stopped before this check" in details["kim__99_course_fixture.ipynb", "99.2"]
     assert {row["lesson"] for row in rows} == {NAME, ""}
-    assert {row["exercise"]: row["optional"] for row in rows if row["lesson"]} == {"99.1": "", "99.2": "", "99.3": "yes"}
+    assert {row["exercise"]: row["optional"] for row in rows if row["lesson"]} == {
+        "99.1": "",
+        "99.2": "",
+        "99.3": "yes",
+    }
 
     feedback = tmp_path / "out" / "grades_feedback"
     bob = read_notebook(feedback / "bob" / "99_course_fixture.ipynb")

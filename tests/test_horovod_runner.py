@@ -24,11 +24,7 @@ REPO = str(Path(__file__).resolve().parent.parent)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-@pytest.fixture(autouse=True)
-def _work_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Everything the runner writes (its failure reports) goes under this test's tmp_path."""
-    monkeypatch.setenv("COURSE_WORK_DIR", str(tmp_path))
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("work_dir")  # the runner's failure reports go under each test's tmp_path
 
 
 def rank_info(tag: str) -> dict:
@@ -120,8 +116,10 @@ def test_np_above_core_count_warns_with_the_numbers(monkeypatch: pytest.MonkeyPa
 # --- GPU jobs (checked before anything starts, so they run on the CPU too) -------------------------------------
 
 
-@pytest.mark.parametrize(("gpus", "have", "fix"), [(1, "1 GPU", "use np=-1"), (2, "2 GPUs", "use np=-2"),
-                                                    (0, "no CUDA GPU", "run it on a GPU machine")])
+@pytest.mark.parametrize(
+    ("gpus", "have", "fix"),
+    [(1, "1 GPU", "use np=-1"), (2, "2 GPUs", "use np=-2"), (0, "no CUDA GPU", "run it on a GPU machine")],
+)
 def test_local_gpu_job_needs_one_gpu_per_process(gpus: int, have: str, fix: str) -> None:
     with pytest.raises(CourseInputError) as caught:
         HorovodRunner(np=-4, use_gpu=True, cuda_count=gpus).run(rank_info, tag="x")
@@ -250,8 +248,11 @@ def test_spark_killed_worker_fails_the_job_quickly(spark) -> None:
 
 def test_spark_gpu_job_needs_one_gpu_per_task(spark) -> None:
     # the shared local session schedules no GPUs: nothing may start
-    with pytest.raises(CourseInputError, match=r"^HorovodRunner\(np=2\) with use_gpu=True needs one GPU per Spark "
-                                               r"task: .*spark.task.resource.gpu.amount=1"):
+    with pytest.raises(
+        CourseInputError,
+        match=r"^HorovodRunner\(np=2\) with use_gpu=True needs one GPU per Spark "
+        r"task: .*spark.task.resource.gpu.amount=1",
+    ):
         HorovodRunner(np=2, use_gpu=True).run(rank_info, tag="gpu")
 
 

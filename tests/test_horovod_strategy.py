@@ -8,7 +8,6 @@ step, the same global batch as 1 process with batch ``B``, and averaged gradient
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import cloudpickle
 import numpy as np
@@ -25,11 +24,7 @@ BASE_LR = 0.2
 VAL_SIZE = 64
 
 
-@pytest.fixture(autouse=True)
-def _work_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Everything the course code writes goes under this test's tmp_path."""
-    monkeypatch.setenv("COURSE_WORK_DIR", str(tmp_path))
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("work_dir")
 
 
 def digits_shard(rank: int, size: int) -> tuple:
@@ -41,9 +36,7 @@ def digits_shard(rank: int, size: int) -> tuple:
     x = torch.tensor(x / 16.0, dtype=torch.float32)
     y = torch.tensor(y, dtype=torch.int64)
     per_rank = GLOBAL_BATCH // size
-    train_idx = [
-        step * GLOBAL_BATCH + rank * per_rank + i for step in range(STEPS) for i in range(per_rank)
-    ]
+    train_idx = [step * GLOBAL_BATCH + rank * per_rank + i for step in range(STEPS) for i in range(per_rank)]
     val_start = STEPS * GLOBAL_BATCH
     val_per_rank = VAL_SIZE // size
     val_idx = list(range(val_start + rank * val_per_rank, val_start + (rank + 1) * val_per_rank))
@@ -221,8 +214,14 @@ def train_manually(steps: int) -> list:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     trainer = pl.Trainer(
-        strategy=HorovodStrategy(), accelerator="cpu", devices=1, max_steps=steps, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        strategy=HorovodStrategy(),
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     torch.manual_seed(trainer.global_rank)  # different data and initial weights on each rank
     data = torch.randn(4 * steps, 4)

@@ -3,7 +3,7 @@
 The training function below is what a lesson-3 notebook cell holds: ``hvd.init()``, a DataModule reading this
 rank's shard, ``train(..., strategy=HorovodStrategy(), mlflow_experiment=...)``; ``HorovodRunner(np=-2)`` runs it.
 Each test gets its own work directory (checkpoints, the SQLite MLflow store, the runner's reports), which the
-worker processes inherit through ``COURSE_WORK_DIR``; the Petastorm data is prepared once for the module.
+worker processes inherit through ``COURSE_WORK_DIR``; the Petastorm data is prepared once per session.
 
 The failure tests make one rank fail on purpose mid-training (rank 1 raises; rank 0, the one that owns the MLflow
 run, is SIGKILLed) and check what a student would see: an error naming that rank soon after the failure (timed from
@@ -18,7 +18,6 @@ from __future__ import annotations
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import cloudpickle
 import pytest
@@ -32,7 +31,11 @@ from helpers.workdir import work_path
 # functions defined in a notebook cell are sent.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*does not have many workers")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.usefixtures("work_dir"),
+    pytest.mark.filterwarnings("ignore:.*does not have many workers"),
+]
 
 IMAGE_SIZE = 16
 BATCH_SIZE = 32
@@ -42,21 +45,6 @@ FAILING_EPOCH = 1
 FAILED_AT = "failed_at.txt"  # written by the failing rank just before it fails: the start of the clock
 DETECTION_LIMIT_S = 60  # from the failure to HorovodWorkerError in the driver
 RANK_ZERO_BUSY_S = 40  # rank 0's busy epoch end in the "raise" test: longer than Horovod's 5 s grace period
-
-
-@pytest.fixture(scope="module")
-def prepared(spark, digits_dir: Path):
-    """The embedded digits as train and validation converters, repartitioned for 2 devices (once per module)."""
-    from helpers.loaders import prepare_data
-
-    return prepare_data(digits_dir, num_devices=2, spark=spark)
-
-
-@pytest.fixture(autouse=True)
-def work_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """This test's work directory: checkpoints, the MLflow store and the runner's reports (workers inherit it)."""
-    monkeypatch.setenv("COURSE_WORK_DIR", str(tmp_path))
-    return tmp_path
 
 
 @pytest.fixture
@@ -137,14 +125,14 @@ def all_runs() -> list:
     return client.search_runs(ids) if ids else []
 
 
-def run_and_fail(prepared, experiment: str, fail: str) -> tuple[HorovodWorkerError, float]:
+def run_and_fail(digits_data, experiment: str, fail: str) -> tuple[HorovodWorkerError, float]:
     """Run a job in which one rank fails; return the error and the seconds from the failure to the driver's error."""
     with pytest.raises(HorovodWorkerError) as caught:
         HorovodRunner(np=-2).run(
             train_hvd,
-            train_converter=prepared.train_converter,
-            val_converter=prepared.val_converter,
-            class_count=len(prepared.class_names),
+            train_converter=digits_data.train_converter,
+            val_converter=digits_data.val_converter,
+            class_count=len(digits_data.class_names),
             experiment=experiment,
             fail=fail,
         )
@@ -154,13 +142,13 @@ def run_and_fail(prepared, experiment: str, fail: str) -> tuple[HorovodWorkerErr
     return caught.value, detected - float(stamp.read_text())
 
 
-def test_two_processes_learn_with_one_mlflow_run_and_one_set_of_checkpoints(prepared, experiment, work_dir):
+def test_two_processes_learn_with_one_mlflow_run_and_one_set_of_checkpoints(digits_data, experiment, work_dir):
     started = time.monotonic()
     result = HorovodRunner(np=-2).run(
         train_hvd,
-        train_converter=prepared.train_converter,
-        val_converter=prepared.val_converter,
-        class_count=len(prepared.class_names),
+        train_converter=digits_data.train_converter,
+        val_converter=digits_data.val_converter,
+        class_count=len(digits_data.class_names),
         experiment=experiment,
     )
     print(
@@ -201,8 +189,8 @@ def test_two_processes_learn_with_one_mlflow_run_and_one_set_of_checkpoints(prep
     assert result.best_checkpoint == str(folders[0] / best[0])
 
 
-def test_a_worker_exception_names_the_rank_and_fails_the_mlflow_run(prepared, experiment):
-    error, latency = run_and_fail(prepared, experiment, "raise")
+def test_a_worker_exception_names_the_rank_and_fails_the_mlflow_run(digits_data, experiment):
+    error, latency = run_and_fail(digits_data, experiment, "raise")
     print(f"the driver raised {latency:.1f} s after rank 1 failed")
     assert error.rank == 1
     message = str(error)
@@ -240,8 +228,8 @@ def test_after_a_failed_job_only_runs_left_running_are_failed_and_errors_only_wa
     assert client.get_run(finished).info.status == "FINISHED"
 
 
-def test_a_killed_rank_zero_fails_the_job_quickly_and_its_mlflow_run(prepared, experiment):
-    error, latency = run_and_fail(prepared, experiment, "kill")
+def test_a_killed_rank_zero_fails_the_job_quickly_and_its_mlflow_run(digits_data, experiment):
+    error, latency = run_and_fail(digits_data, experiment, "kill")
     print(f"the driver raised {latency:.1f} s after rank 0 was killed")
     assert error.rank == 0
     assert "rank 0 of 2 died without a Python error" in str(error) and "SIGKILL" in str(error)

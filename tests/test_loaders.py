@@ -24,11 +24,6 @@ from helpers.loaders import (
 from tests.image_folders import make_image_folder
 
 
-@pytest.fixture(scope="module")
-def digits_data(spark, digits_dir):
-    return prepare_data(digits_dir, num_devices=2, val_fraction=0.2, seed=3, spark=spark)
-
-
 def test_stratified_split_keeps_every_class_in_both_within_one_image(spark, digits_data):
     df = digits_data.df
     train, val = stratified_split(df, 0.2, seed=3)
@@ -85,8 +80,9 @@ def test_decode_image_shape_dtype_and_normalisation(tmp_path: Path):
 def test_two_shards_are_disjoint_and_complete(digits_data):
     seen = []
     for shard in range(2):
-        with make_loader(digits_data.train_converter, batch_size=100, image_size=16, cur_shard=shard,
-                         shard_count=2) as loader:
+        with make_loader(
+            digits_data.train_converter, batch_size=100, image_size=16, cur_shard=shard, shard_count=2
+        ) as loader:
             batches = list(loader)
         ids = torch.cat([b["row_id"] for b in batches]).tolist()
         assert ids, f"shard {shard} is empty"
@@ -98,8 +94,9 @@ def test_two_shards_are_disjoint_and_complete(digits_data):
 
 
 def test_fixed_steps_per_epoch_survive_many_epochs(digits_data):
-    batches = PetastormBatches(digits_data.train_converter, batch_size=64, image_size=16, steps_per_epoch=30,
-                               shuffle=True)
+    batches = PetastormBatches(
+        digits_data.train_converter, batch_size=64, image_size=16, steps_per_epoch=30, shuffle=True
+    )
     try:
         counts = [sum(1 for _ in batches) for _ in range(3)]  # 30 x 64 > 1438 rows: crosses the data's end
     finally:

@@ -68,11 +68,9 @@ class DigitsDataModule(pl.LightningDataModule):
 
 
 @pytest.fixture(autouse=True)
-def work_dir(tmp_path, monkeypatch):
-    """Everything the course writes (checkpoints, the MLflow store) goes to this test's tmp_path."""
-    monkeypatch.setenv("COURSE_WORK_DIR", str(tmp_path))
+def seeded(work_dir):
+    """Every test writes under its own work directory and starts from the same seed."""
     pl.seed_everything(0, verbose=False)
-    return tmp_path
 
 
 @pytest.fixture(scope="module")
@@ -194,9 +192,7 @@ def two_epochs(digits, tmp_path_factory):
         patch.setenv("COURSE_WORK_DIR", str(work))
         pl.seed_everything(0, verbose=False)
         model = LitClassificationModel(CLASS_COUNT, image_size=IMAGE_SIZE)
-        result = train(
-            model, digits, max_epochs=2, mlflow_experiment="resume", run_name="first", progress_bar=False
-        )
+        result = train(model, digits, max_epochs=2, mlflow_experiment="resume", run_name="first", progress_bar=False)
     return work, result
 
 
@@ -207,7 +203,11 @@ def test_resume_continues_the_epoch_count(digits, two_epochs, monkeypatch):
     assert first.epochs_run == 2
     model = LitClassificationModel(CLASS_COUNT, image_size=IMAGE_SIZE)
     resumed = train(
-        model, digits, max_epochs=4, ckpt_restore=first.last_checkpoint, mlflow_experiment="resume",
+        model,
+        digits,
+        max_epochs=4,
+        ckpt_restore=first.last_checkpoint,
+        mlflow_experiment="resume",
         progress_bar=False,
     )
     assert resumed.epochs_run == 4

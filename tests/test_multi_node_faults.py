@@ -22,7 +22,7 @@ from tests.processes import SPARK_MARKERS, TORCHRUN_MARKERS, processes_of, run_d
 SCRIPT_TIMEOUT = 480
 FAIL_LIMIT_S = 120  # from the kill to DistributorError in the driver
 
-SCRIPT = '''
+SCRIPT = """
 import json, os, sys, threading, time
 from pathlib import Path
 
@@ -83,7 +83,7 @@ with LocalCluster(workers=2, cores_per_worker=1, start_timeout=180) as cluster:
         runs = client.search_runs([client.get_experiment_by_name("faults").experiment_id])
         report["run_statuses"] = sorted(run.info.status for run in runs)
 print("REPORT " + json.dumps(report), flush=True)
-'''
+"""
 
 
 def our_processes(work: str) -> list[int]:

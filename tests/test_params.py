@@ -91,8 +91,9 @@ def test_runner_sees_every_name_papermill_sees(notebook):
     import papermill
 
     assert set(papermill.inspect_notebook(str(notebook))) <= set(declared_parameters(notebook))
-    assert list(declared_parameters(notebook)) == list(_literal_assignments(
-        _cell(nbformat.read(str(notebook), as_version=4), "parameters")))
+    assert list(declared_parameters(notebook)) == list(
+        _literal_assignments(_cell(nbformat.read(str(notebook), as_version=4), "parameters"))
+    )
 
 
 @pytest.mark.parametrize("param_file", CLUSTER_FILES, ids=lambda p: p.stem)
@@ -120,6 +121,7 @@ def test_readme_names_the_files_and_the_command():
 
 
 # --- the runner's errors -------------------------------------------------------------------------------------------
+
 
 def _write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "p.yaml"
@@ -166,14 +168,17 @@ def test_list_items_are_checked(tmp_path):
 
 
 def test_each_notebook_gets_only_its_own_names_and_sections_win(tmp_path):
-    path = _write(tmp_path, """
+    path = _write(
+        tmp_path,
+        """
         common:
           SEED: 3
           BATCH_SIZE: 16
         "02":
           BATCH_SIZE: 8
           LEARNING_RATE: 1
-        """)
+        """,
+    )
     resolved = {nb.stem[:2]: values for nb, values in _resolve(path).items()}
     assert resolved["00"] == {"SEED": 3}
     assert resolved["01"] == {"SEED": 3, "BATCH_SIZE": 16}
@@ -200,17 +205,28 @@ def test_only_selects_by_prefix_and_rejects_unknown():
 
 
 def test_check_prints_what_each_notebook_gets(capsys):
-    assert main(["--params", str(REPO_ROOT / "params" / "laptop.yaml"), "--check", "--only", "02",
-                 "-p", "MAX_EPOCHS=1"]) == 0
+    assert (
+        main(["--params", str(REPO_ROOT / "params" / "laptop.yaml"), "--check", "--only", "02", "-p", "MAX_EPOCHS=1"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.startswith("02_lightning_refactor:") and "MAX_EPOCHS=1" in out
 
 
 def test_instructor_guide_covers_the_topics():
     guide = (REPO_ROOT / "docs" / "instructor.md").read_text()
-    for topic in ("T4", "64 GB", "make setup GPU=1", "python -m helpers.run_course --params",
-                  "python -m helpers.grade", "grades.csv", "too few partitions", "Petastorm cache on the local disk",
-                  "Horovod vs torch", "make gpu-smoke"):
+    for topic in (
+        "T4",
+        "64 GB",
+        "make setup GPU=1",
+        "python -m helpers.run_course --params",
+        "python -m helpers.grade",
+        "grades.csv",
+        "too few partitions",
+        "Petastorm cache on the local disk",
+        "Horovod vs torch",
+        "make gpu-smoke",
+    ):
         assert topic in guide, topic
     for path in PARAM_FILES:
         assert f"params/{path.name}" in guide

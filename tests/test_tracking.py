@@ -49,8 +49,13 @@ def tracked(digits, work):
         pl.seed_everything(0, verbose=False)
         model = LitClassificationModel(CLASS_COUNT, image_size=IMAGE_SIZE)
         result = train(
-            model, digits, max_epochs=4, mlflow_experiment=EXPERIMENT, run_name="tracked",
-            registered_model_name="digits-classifier", extra_params={"dataset": "sklearn-digits"},
+            model,
+            digits,
+            max_epochs=4,
+            mlflow_experiment=EXPERIMENT,
+            run_name="tracked",
+            registered_model_name="digits-classifier",
+            extra_params={"dataset": "sklearn-digits"},
             progress_bar=False,
         )
         runs = mlflow.search_runs(experiment_names=[EXPERIMENT], output_format="list")
@@ -90,8 +95,14 @@ def test_one_finished_run_with_the_training_params(tracked):
     assert run.info.run_name == "tracked"
     params = run.data.params
     expected = {
-        "learning_rate": "0.01", "batch_size": "64", "devices": "1", "world_size": "1", "max_epochs": "4",
-        "early_stopping_min_delta": "0.01", "early_stopping_patience": "10", "dataset": "sklearn-digits",
+        "learning_rate": "0.01",
+        "batch_size": "64",
+        "devices": "1",
+        "world_size": "1",
+        "max_epochs": "4",
+        "early_stopping_min_delta": "0.01",
+        "early_stopping_patience": "10",
+        "dataset": "sklearn-digits",
         "effective_learning_rate": "0.01",
     }
     assert {key: params.get(key) for key in expected} == expected
@@ -151,8 +162,11 @@ class BrokenDigits(DigitsDataModule):
 def test_failed_training_ends_its_run_failed_and_raises(tracked):
     with pytest.raises(RuntimeError, match="data source went away"):
         train(
-            LitClassificationModel(CLASS_COUNT, image_size=IMAGE_SIZE), BrokenDigits(), max_epochs=3,
-            mlflow_experiment="broken", progress_bar=False,
+            LitClassificationModel(CLASS_COUNT, image_size=IMAGE_SIZE),
+            BrokenDigits(),
+            max_epochs=3,
+            mlflow_experiment="broken",
+            progress_bar=False,
         )
     runs = runs_of("broken")
     assert [run.info.status for run in runs] == ["FAILED"]
@@ -166,4 +180,3 @@ def test_untracked_training_opens_no_run_even_after_autolog(tracked, digits):
     result = train(LitClassificationModel(CLASS_COUNT, image_size=IMAGE_SIZE), digits, max_epochs=1, progress_bar=False)
     assert result.mlflow_run_id is None
     assert len(mlflow.search_runs(search_all_experiments=True, output_format="list")) == before
-

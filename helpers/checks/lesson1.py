@@ -74,8 +74,10 @@ def label_from_path(label_column) -> str:
         got = {row["path"]: row["label"] for row in out.select("path", "label").collect()}
     if got != expected:
         wrong = next(path for path in expected if got.get(path) != expected[path])
-        raise CheckFailed(f"{wrong} got label {got.get(wrong)!r}, expected {expected[wrong]!r}: "
-                          "take the name of the folder the file is in")
+        raise CheckFailed(
+            f"{wrong} got label {got.get(wrong)!r}, expected {expected[wrong]!r}: "
+            "take the name of the folder the file is in"
+        )
     return "labels come from the class folder names"
 
 
@@ -124,10 +126,14 @@ def validation_count_rule(validation_count) -> str:
             if got not in right:
                 expected = " or ".join(map(str, sorted(right)))
                 if not 1 <= got <= n - 1:
-                    raise CheckFailed(f"validation_count({n}, {fraction}) = {got}, expected {expected}: "
-                                      "keep at least 1 and at most n - 1 images in validation")
-                raise CheckFailed(f"validation_count({n}, {fraction}) = {got}, expected {expected}: "
-                                  "round n * val_fraction to the nearest whole image")
+                    raise CheckFailed(
+                        f"validation_count({n}, {fraction}) = {got}, expected {expected}: "
+                        "keep at least 1 and at most n - 1 images in validation"
+                    )
+                raise CheckFailed(
+                    f"validation_count({n}, {fraction}) = {got}, expected {expected}: "
+                    "round n * val_fraction to the nearest whole image"
+                )
     return f"right on {len(cases)} class sizes and fractions: both splits get every class"
 
 
@@ -141,15 +147,18 @@ def repartition_rule(repartition_for_devices) -> str:
     for rows, partitions, devices in ((150, 1, 1), (500, 64, 3), (2000, 1, 40)):
         label = (F.col("id") % 7).cast("int")
         df = spark.range(rows, numPartitions=partitions).select(
-            "id", F.format_string("file:/lake/c%d/%d.png", label, "id").alias("path"), label.alias("label_index"))
+            "id", F.format_string("file:/lake/c%d/%d.png", label, "id").alias("path"), label.alias("label_index")
+        )
         with own_work(loaders.partitions_for, loaders.prepare_data):
             out = repartition_for_devices(df, devices)
         rows_in = {}
         for row in out.select(F.spark_partition_id().alias("p"), "id").collect():
             rows_in.setdefault(row["p"], []).append(row["id"])
         if len(rows_in) != 2 * devices:
-            raise CheckFailed(f"{rows} rows for {devices} device(s) landed in {len(rows_in)} partitions, expected "
-                              f"{2 * devices} that all hold rows: df.repartition(n) spreads them evenly")
+            raise CheckFailed(
+                f"{rows} rows for {devices} device(s) landed in {len(rows_in)} partitions, expected "
+                f"{2 * devices} that all hold rows: df.repartition(n) spreads them evenly"
+            )
         if sorted(i for ids in rows_in.values() for i in ids) != list(range(rows)):
             raise CheckFailed("repartitioning must keep every row exactly once")
     return "2 non-empty partitions per device, for 1 to 40 devices"
@@ -178,14 +187,22 @@ def _sample_rows() -> tuple[tuple, ...]:
         label_index = rng.randrange(len(SAMPLE_STYLES))
         size = (rng.randint(5, 40), rng.randint(5, 40))
         label = f"class_{label_index}"
-        rows.append((row_id, _encoded_image(SAMPLE_STYLES[label_index], size), label_index,
-                     f"file:/lake/{label}/{row_id}.img", label, *size))
+        rows.append(
+            (
+                row_id,
+                _encoded_image(SAMPLE_STYLES[label_index], size),
+                label_index,
+                f"file:/lake/{label}/{row_id}.img",
+                label,
+                *size,
+            )
+        )
     return tuple(rows)
 
 
 def _sample_df():
     """The sample rows as a Spark DataFrame with the lake's columns and ``row_id``."""
-    schema = ("row_id long, content binary, label_index int, path string, label string, width int, height int")
+    schema = "row_id long, content binary, label_index int, path string, label string, width int, height int"
     return _spark().createDataFrame(list(_sample_rows()), schema)
 
 
@@ -209,8 +226,10 @@ def _opened(loader_or_context):
     """What an answer returned, if a ``with`` block can open it (Petastorm's context manager, or its loader)."""
     if hasattr(loader_or_context, "__enter__"):
         return loader_or_context
-    raise CheckFailed(f"return the loader's context manager (converter.make_torch_dataloader(...)), "
-                      f"got {type(loader_or_context).__name__}")
+    raise CheckFailed(
+        f"return the loader's context manager (converter.make_torch_dataloader(...)), "
+        f"got {type(loader_or_context).__name__}"
+    )
 
 
 def _expected_pixels(label_index: int):
@@ -231,16 +250,22 @@ def _check_image_batch(batch, image_size: int, batch_size: int) -> None:
     features, labels = batch["features"], batch["label_index"]
     expected_shape = (batch_size, 3, image_size, image_size)
     if tuple(features.shape) != expected_shape:
-        raise CheckFailed(f"features of shape {tuple(features.shape)}, expected {expected_shape}: RGB, "
-                          f"image_size x image_size, channels first (CHW), and edit_fields to match")
+        raise CheckFailed(
+            f"features of shape {tuple(features.shape)}, expected {expected_shape}: RGB, "
+            f"image_size x image_size, channels first (CHW), and edit_fields to match"
+        )
     if features.dtype != torch.float32 or labels.dtype != torch.int64:
-        raise CheckFailed(f"dtypes {features.dtype} / {labels.dtype}, expected torch.float32 / torch.int64: "
-                          "declare them in edit_fields (np.float32, np.int64) and convert in the function")
+        raise CheckFailed(
+            f"dtypes {features.dtype} / {labels.dtype}, expected torch.float32 / torch.int64: "
+            "declare them in edit_fields (np.float32, np.int64) and convert in the function"
+        )
     expected = torch.stack([_expected_pixels(int(k)) for k in labels])[:, :, None, None].expand(expected_shape)
     error = float((features - expected).abs().max())
     if error > PIXEL_TOLERANCE:
-        raise CheckFailed(f"pixel values off by up to {error:.2f} on solid-colour test images: convert to RGB, scale "
-                          "to [0, 1], then subtract IMAGENET_MEAN and divide by IMAGENET_STD per channel (R, G, B)")
+        raise CheckFailed(
+            f"pixel values off by up to {error:.2f} on solid-colour test images: convert to RGB, scale "
+            "to [0, 1], then subtract IMAGENET_MEAN and divide by IMAGENET_STD per channel (R, G, B)"
+        )
 
 
 LOADER_HINTS = {
@@ -261,8 +286,9 @@ def _loader_hint(error: Exception) -> str:
 
 
 def _first_batch(converter, spec, batch_size: int):
-    with converter.make_torch_dataloader(batch_size=batch_size, num_epochs=1, transform_spec=spec,
-                                         workers_count=2) as loader:
+    with converter.make_torch_dataloader(
+        batch_size=batch_size, num_epochs=1, transform_spec=spec, workers_count=2
+    ) as loader:
         return next(iter(loader))
 
 
@@ -311,17 +337,21 @@ def disjoint_complete_shards(shard_loader) -> str:
     converter = _sample_converter()
     every_id = {row[0] for row in _sample_rows()}
     for shard_count, batch_size in ((2, 7), (3, 16), (5, 4)):
-        shards = [set(_read_shard(shard_loader, converter, shard, shard_count, batch_size))
-                  for shard in range(shard_count)]
+        shards = [
+            set(_read_shard(shard_loader, converter, shard, shard_count, batch_size)) for shard in range(shard_count)
+        ]
         sizes = [len(ids) for ids in shards]
         if not all(sizes):
-            raise CheckFailed(f"{shard_count} shards hold {sizes} rows: each worker must get rows (cur_shard, "
-                              "shard_count)")
+            raise CheckFailed(
+                f"{shard_count} shards hold {sizes} rows: each worker must get rows (cur_shard, shard_count)"
+            )
         if sum(sizes) != len(set().union(*shards)):
             raise CheckFailed(f"{shard_count} shards overlap: pass cur_shard=shard and shard_count=shard_count")
         if set().union(*shards) != every_id:
-            raise CheckFailed(f"{shard_count} shards hold {sum(sizes)} of {len(every_id)} rows: together the shards "
-                              "must read every row")
+            raise CheckFailed(
+                f"{shard_count} shards hold {sum(sizes)} of {len(every_id)} rows: together the shards "
+                "must read every row"
+            )
     return "disjoint shards that cover every row, for 2, 3 and 5 workers, batches of the size asked for"
 
 
@@ -352,15 +382,23 @@ def _damaged_histories(rng: random.Random) -> list[tuple[list[tuple[str, list]],
         if shape == 0:
             more = _rows(rng, names, rng.randint(5, 15), "more")
             tail = _rows(rng, [n for n in names if n != dropped], rng.randint(4, 9), "tail")
-            writes = [("overwrite", good), ("append", more), ("overwrite", _without(good + more, dropped)),
-                      ("append", tail)]
+            writes = [
+                ("overwrite", good),
+                ("append", more),
+                ("overwrite", _without(good + more, dropped)),
+                ("append", tail),
+            ]
             histories.append((writes, 1))
         elif shape == 1:
             histories.append(([("overwrite", good), ("overwrite", _without(good, dropped))], 0))
         else:
             fixed = _rows(rng, names, rng.randint(8, 15), "fix")
-            writes = [("overwrite", good), ("overwrite", _without(good, dropped)), ("overwrite", fixed),
-                      ("overwrite", _without(fixed, other))]
+            writes = [
+                ("overwrite", good),
+                ("overwrite", _without(good, dropped)),
+                ("overwrite", fixed),
+                ("overwrite", _without(fixed, other)),
+            ]
             histories.append((writes, 2))
     return histories
 
@@ -400,17 +438,23 @@ def restore_after_bad_write(restore_last_good) -> str:
                 restored_from = restore_last_good(path, classes)
             table = DeltaTable(path)
             if table.version() <= last:
-                raise CheckFailed("the table has no new version: restore the good version as a new commit "
-                                  "(DeltaTable.restore, or write_deltalake with mode='overwrite')")
+                raise CheckFailed(
+                    "the table has no new version: restore the good version as a new commit "
+                    "(DeltaTable.restore, or write_deltalake with mode='overwrite')"
+                )
             if _paths(path) != good:
-                raise CheckFailed(f"after {len(writes)} writes the last version with all {len(classes)} classes is "
-                                  f"{good_version}, but the current table does not hold exactly its rows: look "
-                                  "through the history from the newest version down")
+                raise CheckFailed(
+                    f"after {len(writes)} writes the last version with all {len(classes)} classes is "
+                    f"{good_version}, but the current table does not hold exactly its rows: look "
+                    "through the history from the newest version down"
+                )
             if _paths(path, last) != damaged:
                 raise CheckFailed("the bad versions must stay in the history: restore with a new commit")
             got = whole_number(restored_from, "restore_last_good")
             if got != good_version:
-                raise CheckFailed(f"returned {got}, but restored version {good_version}: return the version you restored")
+                raise CheckFailed(
+                    f"returned {got}, but restored version {good_version}: return the version you restored"
+                )
         finally:
             shutil.rmtree(path, ignore_errors=True)
     return "finds the last good version in the history and makes it current, keeping the history"
@@ -433,8 +477,10 @@ def converter_for_devices(to_converter) -> str:
             raise CheckFailed(f"the converter holds {len(converter)} of {SAMPLE_ROWS} rows: convert the whole df")
         files = converter.file_urls
         if len(files) != 2 * devices:
-            raise CheckFailed(f"{devices} device(s) got {len(files)} Parquet files, expected {2 * devices}: "
-                              "repartition to 2 per device before converting")
+            raise CheckFailed(
+                f"{devices} device(s) got {len(files)} Parquet files, expected {2 * devices}: "
+                "repartition to 2 per device before converting"
+            )
         columns = pq.read_schema(urlparse(files[0]).path).names
         if sorted(columns) != sorted(loaders.TRAIN_COLUMNS):
             raise CheckFailed(f"the converter holds columns {columns}: select only {loaders.TRAIN_COLUMNS}")
@@ -466,8 +512,10 @@ def _epochs(batches, epochs: int, batch_size: int, steps: int) -> list[int]:
         ids = [batch["row_id"].tolist() for batch in batches]
         sizes = [len(batch) for batch in ids]
         if sizes != [batch_size] * steps:
-            raise CheckFailed(f"epoch {epoch} yielded batches of {sizes} rows, expected {steps} of {batch_size}: "
-                              "keep one loader with num_epochs=None open across epochs")
+            raise CheckFailed(
+                f"epoch {epoch} yielded batches of {sizes} rows, expected {steps} of {batch_size}: "
+                "keep one loader with num_epochs=None open across epochs"
+            )
         stream += [row_id for batch in ids for row_id in batch]
     return stream
 
@@ -480,8 +528,14 @@ def epochs_of_fixed_steps(FixedStepBatches) -> str:
     spec = _ids_spec()
     for shard, shard_count, batch_size, steps in ((0, 1, 8, 3), (1, 2, 5, 2)):
         converter = _CountingConverter(_sample_converter())
-        with converter.make_torch_dataloader(batch_size=SAMPLE_ROWS, num_epochs=1, transform_spec=spec,
-                                             cur_shard=shard, shard_count=shard_count, workers_count=2) as loader:
+        with converter.make_torch_dataloader(
+            batch_size=SAMPLE_ROWS,
+            num_epochs=1,
+            transform_spec=spec,
+            cur_shard=shard,
+            shard_count=shard_count,
+            workers_count=2,
+        ) as loader:
             shard_ids = {row_id for batch in loader for row_id in batch["row_id"].tolist()}
         converter.opened = 0
         epochs = -(-2 * len(shard_ids) // (batch_size * steps))  # two passes over the shard
@@ -494,10 +548,14 @@ def epochs_of_fixed_steps(FixedStepBatches) -> str:
             finally:
                 batches.close()
         if converter.opened > 1:
-            raise CheckFailed(f"{epochs} epochs opened {converter.opened} loaders: open one (num_epochs=None) and "
-                              "go on where the last epoch stopped")
+            raise CheckFailed(
+                f"{epochs} epochs opened {converter.opened} loaders: open one (num_epochs=None) and "
+                "go on where the last epoch stopped"
+            )
         if set(stream) != shard_ids:
-            raise CheckFailed(f"two passes' worth of batches hold {len(set(stream) & shard_ids)} of the "
-                              f"{len(shard_ids)} rows of shard {shard} of {shard_count}, and "
-                              f"{len(set(stream) - shard_ids)} from elsewhere: pass cur_shard and shard_count")
+            raise CheckFailed(
+                f"two passes' worth of batches hold {len(set(stream) & shard_ids)} of the "
+                f"{len(shard_ids)} rows of shard {shard} of {shard_count}, and "
+                f"{len(set(stream) - shard_ids)} from elsewhere: pass cur_shard and shard_count"
+            )
     return "every epoch has the same number of full batches, from one loader that goes on through the shard"

@@ -23,8 +23,16 @@ import torch
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
-from helpers.checks import CheckFailed, NotAttempted, close, own_work, register, require, require_implemented, \
-    whole_number
+from helpers.checks import (
+    CheckFailed,
+    NotAttempted,
+    close,
+    own_work,
+    register,
+    require,
+    require_implemented,
+    whole_number,
+)
 
 # ---------------------------------------------------------------------------------------------------------------
 # Small pieces the checks share: quiet Lightning, tiny models and data, a private MLflow store, a faked rank.
@@ -55,8 +63,14 @@ def _batch(rows: int, classes: int, size: int, seed: int) -> dict[str, torch.Ten
 
 def _trainer(**kwargs) -> pl.Trainer:
     """A CPU Trainer without logger, progress bar or summary (``kwargs`` override or add settings)."""
-    settings = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                    enable_model_summary=False, accelerator="cpu", devices=1)
+    settings = dict(
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+    )
     return pl.Trainer(**{**settings, **kwargs})
 
 
@@ -86,12 +100,14 @@ class _TinyClassifier(pl.LightningModule):
 
     def on_train_start(self) -> None:
         state = self.trainer.optimizers[0].state_dict()["state"]
-        self.starts.append({
-            "epoch": self.current_epoch,
-            "step": self.trainer.global_step,
-            "weights": {k: v.detach().cpu().clone() for k, v in self.state_dict().items()},
-            "momentum": {k: v["momentum_buffer"].cpu().clone() for k, v in state.items() if "momentum_buffer" in v},
-        })
+        self.starts.append(
+            {
+                "epoch": self.current_epoch,
+                "step": self.trainer.global_step,
+                "weights": {k: v.detach().cpu().clone() for k, v in self.state_dict().items()},
+                "momentum": {k: v["momentum_buffer"].cpu().clone() for k, v in state.items() if "momentum_buffer" in v},
+            }
+        )
 
     def on_train_epoch_start(self) -> None:
         self.epochs.append(self.current_epoch)
@@ -103,15 +119,20 @@ class _TinyData(pl.LightningDataModule):
     def __init__(self, steps: int, seed: int) -> None:
         super().__init__()
         generator = torch.Generator().manual_seed(seed)
-        self.batches = [{"features": torch.randn(8, 4, generator=generator),
-                         "label_index": torch.randint(0, 3, (8,), generator=generator)} for _ in range(steps + 2)]
+        self.batches = [
+            {
+                "features": torch.randn(8, 4, generator=generator),
+                "label_index": torch.randint(0, 3, (8,), generator=generator),
+            }
+            for _ in range(steps + 2)
+        ]
         self.steps = steps
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.batches[:self.steps], batch_size=None)
+        return DataLoader(self.batches[: self.steps], batch_size=None)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.batches[self.steps:], batch_size=None)
+        return DataLoader(self.batches[self.steps :], batch_size=None)
 
 
 _STORE: dict[str, str] = {}
@@ -205,8 +226,10 @@ def epoch_steps_rule(epoch_steps) -> str:
             expected = max(1, -(-rows // (batch * world)))
             got = whole_number(epoch_steps(rows, batch, world), f"epoch_steps({rows}, {batch}, {world})")
             if got != expected:
-                raise CheckFailed(f"epoch_steps({rows}, {batch}, {world}) = {got}, expected {expected}: each step "
-                                  f"consumes batch_size x world_size rows, and a partial last step still counts")
+                raise CheckFailed(
+                    f"epoch_steps({rows}, {batch}, {world}) = {got}, expected {expected}: each step "
+                    f"consumes batch_size x world_size rows, and a partial last step still counts"
+                )
     return "one epoch is one pass over the data, whatever the device count"
 
 
@@ -237,8 +260,10 @@ def optimizer(make_optimizer) -> str:
             raise CheckFailed(f"got {type(result).__name__}: return torch.optim.SGD(...)")
         for group in result.param_groups:
             if not close(group["lr"], learning_rate) or not close(group["momentum"], momentum):
-                raise CheckFailed(f"asked for lr={learning_rate}, momentum={momentum}, got lr={group['lr']}, "
-                                  f"momentum={group['momentum']}: pass learning_rate and momentum through")
+                raise CheckFailed(
+                    f"asked for lr={learning_rate}, momentum={momentum}, got lr={group['lr']}, "
+                    f"momentum={group['momentum']}: pass learning_rate and momentum through"
+                )
         optimised = {id(p) for g in result.param_groups for p in g["params"]}
         trainable = {id(p) for p in network.parameters() if p.requires_grad}
         if optimised != trainable:
@@ -268,19 +293,26 @@ def lightning_steps(namespace) -> str:
     train = [_batch(rows, classes, size, seed) for seed in (1, 2)]
     val = [_batch(rows, classes, size, seed) for seed in (3, 4)]
     model = model_class(class_count=classes, learning_rate=0.05, image_size=size)
-    helpers = (LitClassificationModel.training_step, LitClassificationModel.validation_step,
-               LitClassificationModel._loss_and_accuracy)
+    helpers = (
+        LitClassificationModel.training_step,
+        LitClassificationModel.validation_step,
+        LitClassificationModel._loss_and_accuracy,
+    )
     with _quiet(), _isolated_mlflow(_tracking_store()), own_work(*helpers):
         output = model.training_step(train[0], 0)
         with torch.no_grad():
             expected = F.cross_entropy(model(train[0]["features"]), train[0]["label_index"])
         trainer = _trainer(max_epochs=1)
-        trainer.fit(model, train_dataloaders=DataLoader(train, batch_size=None),
-                    val_dataloaders=DataLoader(val, batch_size=None))
+        trainer.fit(
+            model,
+            train_dataloaders=DataLoader(train, batch_size=None),
+            val_dataloaders=DataLoader(val, batch_size=None),
+        )
     loss = output.get("loss") if isinstance(output, Mapping) else output
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.requires_grad:
-        raise CheckFailed("training_step must return the loss (or {'loss': loss}): a scalar tensor that "
-                          "gradients flow through")
+        raise CheckFailed(
+            "training_step must return the loss (or {'loss': loss}): a scalar tensor that gradients flow through"
+        )
     if not torch.isclose(loss.detach(), expected, atol=1e-5):
         raise CheckFailed(f"training_step returned {loss.item():.4f}, cross-entropy is {expected.item():.4f}")
     metrics = {key.removesuffix("_epoch"): value for key, value in trainer.callback_metrics.items()}
@@ -289,11 +321,15 @@ def lightning_steps(namespace) -> str:
         raise CheckFailed(f"not logged: {sorted(missing)}; use self.log(...) in the steps")
     val_loss, val_acc = _expected_validation(model, val)
     if not close(metrics["val_loss"], val_loss, rel=1e-4):
-        raise CheckFailed(f"val_loss = {float(metrics['val_loss']):.4f}, expected {val_loss:.4f}: log the "
-                          "cross-entropy of the validation batch")
+        raise CheckFailed(
+            f"val_loss = {float(metrics['val_loss']):.4f}, expected {val_loss:.4f}: log the "
+            "cross-entropy of the validation batch"
+        )
     if not close(metrics["val_acc"], val_acc, rel=1e-4):
-        raise CheckFailed(f"val_acc = {float(metrics['val_acc']):.4f}, expected {val_acc:.4f}: log the fraction "
-                          "of predictions (argmax of the logits) equal to the label")
+        raise CheckFailed(
+            f"val_acc = {float(metrics['val_acc']):.4f}, expected {val_acc:.4f}: log the fraction "
+            "of predictions (argmax of the logits) equal to the label"
+        )
     return "training_step returns the loss; train_loss, val_loss and val_acc are logged"
 
 
@@ -313,41 +349,55 @@ def datamodule_loaders(namespace) -> str:
     batches of the requested size; validation is one full pass."""
     from helpers.datamodule import PetastormDataModule
 
-    module_class, train_converter, val_converter = require(namespace, "MyDataModule", "train_converter",
-                                                            "val_converter")
+    module_class, train_converter, val_converter = require(
+        namespace, "MyDataModule", "train_converter", "val_converter"
+    )
     require_implemented(module_class.train_dataloader, module_class.val_dataloader)
     rng = random.Random(24)
     batch_size, image_size = rng.choice([24, 40, 48]), rng.choice([8, 12])
     train_rows, val_rows = [], []
     helpers = (PetastormDataModule.train_dataloader, PetastormDataModule.val_dataloader, PetastormDataModule._batches)
     for device in range(2):
-        dm = module_class(train_converter, val_converter, batch_size=batch_size, image_size=image_size,
-                          device_id=device, device_count=2)
+        dm = module_class(
+            train_converter,
+            val_converter,
+            batch_size=batch_size,
+            image_size=image_size,
+            device_id=device,
+            device_count=2,
+        )
         with own_work(*helpers):
             batches = _read(dm.train_dataloader(), "train_dataloader")
             val_rows.append([row for rows, _ in _read(dm.val_dataloader(), "val_dataloader") for row in rows])
         dm.teardown("fit")
         shapes = {shape for _, shape in batches} - {(3, image_size, image_size)}
         if shapes:
-            raise CheckFailed(f"images of shape {shapes.pop()}, expected (3, {image_size}, {image_size}): pass "
-                              "self.image_size")
+            raise CheckFailed(
+                f"images of shape {shapes.pop()}, expected (3, {image_size}, {image_size}): pass self.image_size"
+            )
         if len(batches) != dm.steps_per_epoch:
-            raise CheckFailed(f"device {device}: {len(batches)} training batches per epoch, expected "
-                              f"{dm.steps_per_epoch} (self.steps_per_epoch)")
+            raise CheckFailed(
+                f"device {device}: {len(batches)} training batches per epoch, expected "
+                f"{dm.steps_per_epoch} (self.steps_per_epoch)"
+            )
         sizes = {len(rows) for rows, _ in batches}
         if sizes != {batch_size}:
-            raise CheckFailed(f"training batches of {sorted(sizes)} rows, expected {batch_size}: pass "
-                              "self.batch_size")
+            raise CheckFailed(f"training batches of {sorted(sizes)} rows, expected {batch_size}: pass self.batch_size")
         train_rows.append({row for rows, _ in batches for row in rows})
     if train_rows[0] & train_rows[1]:
-        raise CheckFailed("both devices trained on the same rows: pass cur_shard=self.device_id, "
-                          "shard_count=self.device_count to the training loader")
+        raise CheckFailed(
+            "both devices trained on the same rows: pass cur_shard=self.device_id, "
+            "shard_count=self.device_count to the training loader"
+        )
     if set(val_rows[0]) & set(val_rows[1]):
-        raise CheckFailed("both devices read the same validation rows: pass cur_shard=self.device_id, "
-                          "shard_count=self.device_count")
+        raise CheckFailed(
+            "both devices read the same validation rows: pass cur_shard=self.device_id, shard_count=self.device_count"
+        )
     if len(val_rows[0]) + len(val_rows[1]) != len(val_converter):
-        raise CheckFailed(f"the 2 devices validated on {len(val_rows[0]) + len(val_rows[1])} of "
-                          f"{len(val_converter)} rows: validation must be one full pass per epoch")
+        raise CheckFailed(
+            f"the 2 devices validated on {len(val_rows[0]) + len(val_rows[1])} of "
+            f"{len(val_converter)} rows: validation must be one full pass per epoch"
+        )
     return "each device reads its own shard; validation covers every row once"
 
 
@@ -370,11 +420,14 @@ def callbacks(make_callbacks) -> str:
         if stop.monitor != "val_loss" or stop.mode != "min":
             raise CheckFailed(f"EarlyStopping watches {stop.monitor!r} ({stop.mode}): watch 'val_loss', mode 'min'")
         if stop.patience != patience or not close(abs(stop.min_delta), min_delta):
-            raise CheckFailed(f"asked for patience={patience}, min_delta={min_delta}, got patience="
-                              f"{stop.patience}, min_delta={abs(stop.min_delta)}: pass the arguments through")
+            raise CheckFailed(
+                f"asked for patience={patience}, min_delta={min_delta}, got patience="
+                f"{stop.patience}, min_delta={abs(stop.min_delta)}: pass the arguments through"
+            )
         if save.monitor != "val_loss" or save.mode != "min" or not save.save_last or save.save_top_k == 0:
-            raise CheckFailed("ModelCheckpoint should keep the best val_loss (mode 'min') and a last.ckpt "
-                              "(save_last=True)")
+            raise CheckFailed(
+                "ModelCheckpoint should keep the best val_loss (mode 'min') and a last.ckpt (save_last=True)"
+            )
         if save.dirpath is None or Path(save.dirpath).resolve() != Path(folder).resolve():
             raise CheckFailed(f"checkpoints go to {save.dirpath!r}, not {folder!r}: pass dirpath=checkpoint_dir")
     return "stop on a val_loss plateau, keep the best checkpoint and a last.ckpt"
@@ -408,31 +461,39 @@ def tracked_fit(fit_tracked) -> str:
     with tempfile.TemporaryDirectory() as folder, _quiet():
         # min_delta far above any change in val_loss: EarlyStopping stops after exactly patience + 1 epochs
         model = _TinyClassifier(seed=1)
-        given = [EarlyStopping(monitor="val_loss", min_delta=1e3, patience=patience),
-                 ModelCheckpoint(dirpath=Path(folder, "rank0"), monitor="val_loss", save_last=True)]
+        given = [
+            EarlyStopping(monitor="val_loss", min_delta=1e3, patience=patience),
+            ModelCheckpoint(dirpath=Path(folder, "rank0"), monitor="val_loss", save_last=True),
+        ]
         with _isolated_mlflow(uri), own_work(train, setup_mlflow), chdir(folder):
             fit_tracked(model, _TinyData(steps=3, seed=2), given, max_epochs, experiment, uri)
             left_open = mlflow.active_run() is not None
         rank0_runs = set(_runs(client)) - set(before)
         written = sorted(p.name for p in Path(folder, "rank0").glob("*.ckpt"))
         other = _TinyClassifier(seed=3)
-        callbacks_other = [EarlyStopping(monitor="val_loss", patience=9),
-                           ModelCheckpoint(dirpath=Path(folder, "rank1"), monitor="val_loss", save_last=True)]
+        callbacks_other = [
+            EarlyStopping(monitor="val_loss", patience=9),
+            ModelCheckpoint(dirpath=Path(folder, "rank1"), monitor="val_loss", save_last=True),
+        ]
         with _isolated_mlflow(uri), own_work(train, setup_mlflow), _as_rank(1), chdir(folder):
             fit_tracked(other, _TinyData(steps=3, seed=4), callbacks_other, 2, experiment, uri)
         rank1_runs = set(_runs(client)) - set(before) - rank0_runs
     if not model.epochs:
         raise CheckFailed("nothing was trained: build a pl.Trainer and call trainer.fit(model, datamodule=datamodule)")
     if len(model.epochs) != patience + 1:
-        raise CheckFailed(f"trained {len(model.epochs)} epochs where the EarlyStopping given stops after "
-                          f"{patience + 1}: pass callbacks=callbacks to the Trainer")
+        raise CheckFailed(
+            f"trained {len(model.epochs)} epochs where the EarlyStopping given stops after "
+            f"{patience + 1}: pass callbacks=callbacks to the Trainer"
+        )
     if not written:
         raise CheckFailed("no checkpoint was written: pass callbacks=callbacks (they hold the ModelCheckpoint)")
     if len(other.epochs) != 2:
         raise CheckFailed(f"with max_epochs=2 the fit ran {len(other.epochs)} epochs: pass max_epochs to the Trainer")
     if not rank0_runs:
-        raise CheckFailed("no MLflow run was recorded: on rank 0 turn on mlflow.pytorch.autolog() (or pass an "
-                          "MLFlowLogger) before trainer.fit")
+        raise CheckFailed(
+            "no MLflow run was recorded: on rank 0 turn on mlflow.pytorch.autolog() (or pass an "
+            "MLFlowLogger) before trainer.fit"
+        )
     if len(rank0_runs) > 1:
         raise CheckFailed(f"one fit opened {len(rank0_runs)} MLflow runs: track it as one run")
     run = _runs(client)[rank0_runs.pop()]
@@ -441,11 +502,15 @@ def tracked_fit(fit_tracked) -> str:
     if left_open or run.info.status != "FINISHED":
         raise CheckFailed("the run is still open after the fit: end it (with mlflow.start_run(): ...)")
     if "val_loss" not in run.data.metrics:
-        raise CheckFailed(f"the run logged {sorted(run.data.metrics)}, no val_loss: let autolog or the "
-                          "MLFlowLogger log the epoch metrics")
+        raise CheckFailed(
+            f"the run logged {sorted(run.data.metrics)}, no val_loss: let autolog or the "
+            "MLFlowLogger log the epoch metrics"
+        )
     if rank1_runs:
-        raise CheckFailed("a process of global rank 1 recorded an MLflow run too: track on rank 0 only "
-                          "(if trainer.global_rank == 0), or every process opens its own run")
+        raise CheckFailed(
+            "a process of global rank 1 recorded an MLflow run too: track on rank 0 only "
+            "(if trainer.global_rank == 0), or every process opens its own run"
+        )
     return "the Trainer stops early and checkpoints; rank 0 records one MLflow run with the metrics"
 
 
@@ -469,20 +534,28 @@ def _check_resume(resume, done: int, more: int, steps: int, seed: int) -> None:
         raise CheckFailed("nothing was trained: call trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)")
     start = model.starts[0]
     if not all(torch.equal(start["weights"][k], v) for k, v in saved["state_dict"].items()):
-        raise CheckFailed("training did not start from the checkpoint's weights: pass ckpt_path=ckpt_path to "
-                          "trainer.fit")
+        raise CheckFailed(
+            "training did not start from the checkpoint's weights: pass ckpt_path=ckpt_path to trainer.fit"
+        )
     if (start["epoch"], start["step"]) != (first.current_epoch, first.global_step):
-        raise CheckFailed(f"training restarted at epoch {start['epoch']}, step {start['step']}, not epoch "
-                          f"{first.current_epoch}, step {first.global_step}: loading the weights alone resets the "
-                          "counters and the optimizer, pass ckpt_path to trainer.fit")
+        raise CheckFailed(
+            f"training restarted at epoch {start['epoch']}, step {start['step']}, not epoch "
+            f"{first.current_epoch}, step {first.global_step}: loading the weights alone resets the "
+            "counters and the optimizer, pass ckpt_path to trainer.fit"
+        )
     momentum = saved["optimizer_states"][0]["state"]
     if set(start["momentum"]) != set(momentum) or not all(
-            torch.equal(start["momentum"][k], v["momentum_buffer"]) for k, v in momentum.items()):
-        raise CheckFailed("the optimizer's momentum started afresh: pass ckpt_path to trainer.fit, which restores "
-                          "the optimizer state too")
+        torch.equal(start["momentum"][k], v["momentum_buffer"]) for k, v in momentum.items()
+    ):
+        raise CheckFailed(
+            "the optimizer's momentum started afresh: pass ckpt_path to trainer.fit, which restores "
+            "the optimizer state too"
+        )
     if len(model.epochs) != more:
-        raise CheckFailed(f"after {done} saved epochs and max_epochs={done + more}, the resumed fit ran "
-                          f"{len(model.epochs)} epochs: max_epochs counts all epochs, pass it unchanged")
+        raise CheckFailed(
+            f"after {done} saved epochs and max_epochs={done + more}, the resumed fit ran "
+            f"{len(model.epochs)} epochs: max_epochs counts all epochs, pass it unchanged"
+        )
 
 
 @register("2.7")
@@ -526,15 +599,24 @@ def best_run_check(best_run) -> str:
     rng = random.Random(28)
     low, best, middle, high = sorted(round(rng.uniform(0.1, 1.5), 4) for _ in range(4))
     # created in an order where neither the first nor the latest run is the answer
-    ids = _log_runs(client, experiment_id, [middle, low, best, None, high],
-                    ["FINISHED", "FAILED", "FINISHED", "FINISHED", "FINISHED"])
+    ids = _log_runs(
+        client,
+        experiment_id,
+        [middle, low, best, None, high],
+        ["FINISHED", "FAILED", "FINISHED", "FINISHED", "FINISHED"],
+    )
     elsewhere = _log_runs(client, elsewhere_id, [low / 2], ["FINISHED"])[0]
     with _isolated_mlflow(uri):
         got = best_run(experiment, uri)
     if got == ids[2]:
         return "the finished run with the lowest val_loss, found with MLflow's search"
-    hints = {ids[1]: "that run FAILED: keep only finished runs (attributes.status = 'FINISHED')",
-             elsewhere: "that run is in another experiment: search only the experiment given",
-             ids[4]: "that run has the highest val_loss: order by metrics.val_loss ASC"}
-    raise CheckFailed(hints.get(str(got), f"got {got!r}: return the run_id of the finished run with the lowest "
-                                          "val_loss in the experiment"))
+    hints = {
+        ids[1]: "that run FAILED: keep only finished runs (attributes.status = 'FINISHED')",
+        elsewhere: "that run is in another experiment: search only the experiment given",
+        ids[4]: "that run has the highest val_loss: order by metrics.val_loss ASC",
+    }
+    raise CheckFailed(
+        hints.get(
+            str(got), f"got {got!r}: return the run_id of the finished run with the lowest val_loss in the experiment"
+        )
+    )

@@ -129,8 +129,10 @@ def learning_rate_scaling(scaled_learning_rate) -> str:
     for base, size in cases:
         got = scaled_learning_rate(base, size)
         if isinstance(got, (bool, str, bytes)) or not close(got, base * size):
-            raise CheckFailed(f"scaled_learning_rate({base:.3g}, {size}) = {got!r}, expected {base * size:.3g}: "
-                              "each step averages gradients over world_size times more images")
+            raise CheckFailed(
+                f"scaled_learning_rate({base:.3g}, {size}) = {got!r}, expected {base * size:.3g}: "
+                "each step averages gradients over world_size times more images"
+            )
     return "learning rate x world size, as the global batch grows"
 
 
@@ -150,8 +152,10 @@ def _wrap_job(make_distributed, passes_cases: list[int]) -> list[dict[str, Any]]
         model = torch.nn.Linear(4, 2)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         calls: dict[str, Any] = {}
-        with _Spy(hvd, ["broadcast_optimizer_state"], calls), \
-                own_work(*_loaded("helpers.horovod_strategy:HorovodStrategy")):
+        with (
+            _Spy(hvd, ["broadcast_optimizer_state"], calls),
+            own_work(*_loaded("helpers.horovod_strategy:HorovodStrategy")),
+        ):
             distributed = make_distributed(model, optimizer, passes)
         if distributed is None:
             return None
@@ -160,11 +164,15 @@ def _wrap_job(make_distributed, passes_cases: list[int]) -> list[dict[str, Any]]
         for _ in range(passes):
             model(torch.randn(8, 4)).pow(2).mean().backward()
         distributed.step()
-        results.append({
-            "distributed": hasattr(distributed, "synchronize"), "optimizer": type(distributed).__name__,
-            "passes": getattr(distributed, "backward_passes_per_step", None),
-            "started": hvd.allgather_object(started), "weights": hvd.allgather_object(_flat_weights(model)),
-        })
+        results.append(
+            {
+                "distributed": hasattr(distributed, "synchronize"),
+                "optimizer": type(distributed).__name__,
+                "passes": getattr(distributed, "backward_passes_per_step", None),
+                "started": hvd.allgather_object(started),
+                "weights": hvd.allgather_object(_flat_weights(model)),
+            }
+        )
     return results
 
 
@@ -180,19 +188,26 @@ def distributed_optimizer(make_distributed) -> str:
         if not result["distributed"]:
             raise CheckFailed(f"returned a {result['optimizer']}: return hvd.DistributedOptimizer(...)")
         if result["passes"] != passes:
-            raise CheckFailed(f"backward_passes_per_step={passes} became {result['passes']}: pass it on to "
-                              "hvd.DistributedOptimizer")
+            raise CheckFailed(
+                f"backward_passes_per_step={passes} became {result['passes']}: pass it on to hvd.DistributedOptimizer"
+            )
         if _spread([s["weights"] for s in result["started"]]) > SYNCED:
-            raise CheckFailed("the ranks start from different weights: hvd.broadcast_parameters(model.state_dict(), "
-                              "root_rank=0)")
+            raise CheckFailed(
+                "the ranks start from different weights: hvd.broadcast_parameters(model.state_dict(), root_rank=0)"
+            )
         if not all(s["state_broadcast"] for s in result["started"]):
-            raise CheckFailed("broadcast the optimizer state too (momentum buffers, e.g. after a resume): "
-                              "hvd.broadcast_optimizer_state(optimizer, root_rank=0)")
+            raise CheckFailed(
+                "broadcast the optimizer state too (momentum buffers, e.g. after a resume): "
+                "hvd.broadcast_optimizer_state(optimizer, root_rank=0)"
+            )
         if _spread(result["weights"]) > SYNCED:
-            raise CheckFailed("after one step the ranks have different weights: average the gradients with "
-                              "hvd.DistributedOptimizer(optimizer, named_parameters=...)")
-    return (f"{CHECK_PROCESSES} ranks start from rank 0's weights and stay identical, with 1 and 3 backward "
-            "passes per step")
+            raise CheckFailed(
+                "after one step the ranks have different weights: average the gradients with "
+                "hvd.DistributedOptimizer(optimizer, named_parameters=...)"
+            )
+    return (
+        f"{CHECK_PROCESSES} ranks start from rank 0's weights and stay identical, with 1 and 3 backward passes per step"
+    )
 
 
 # --- 3.4 --------------------------------------------------------------------------------------------------------
@@ -222,20 +237,26 @@ def horovod_training(namespace) -> str:
     run = client.get_run(result.mlflow_run_id)
     params = run.data.params
     if params.get("world_size") != str(processes):
-        raise CheckFailed(f"world_size={params.get('world_size')}, expected {processes}: train with "
-                          "strategy=HorovodStrategy() in every process")
+        raise CheckFailed(
+            f"world_size={params.get('world_size')}, expected {processes}: train with "
+            "strategy=HorovodStrategy() in every process"
+        )
     base, effective = float(params["learning_rate"]), float(params.get("effective_learning_rate", "nan"))
     if not math.isclose(effective, processes * base):
-        raise CheckFailed(f"effective learning rate {effective} is not {processes} x {base}: let HorovodStrategy "
-                          "scale it, and do not scale it yourself as well")
+        raise CheckFailed(
+            f"effective learning rate {effective} is not {processes} x {base}: let HorovodStrategy "
+            "scale it, and do not scale it yourself as well"
+        )
     runs = _concurrent_runs(client, run)
     if runs > 1:
         raise CheckFailed(f"{runs} MLflow runs for one training: only rank 0 may log")
     classes = int(params.get("class_count", 0)) or None
     history = [row["val_acc"] for row in result.history if "val_acc" in row]
     if classes and history and max(history) <= 1 / classes:
-        raise CheckFailed(f"val_acc stayed at chance level (1/{classes}): the model did not learn; check the "
-                          "DataModule's shard and the learning rate")
+        raise CheckFailed(
+            f"val_acc stayed at chance level (1/{classes}): the model did not learn; check the "
+            "DataModule's shard and the learning rate"
+        )
     return f"one MLflow run, {processes} processes, lr {base:g} -> {effective:g}"
 
 
@@ -280,8 +301,10 @@ class _Spy:
             optimizer = args[0] if args else kwargs.get("optimizer")
             if name == "broadcast_optimizer_state" and optimizer is not None:
                 held = [t for s in optimizer.state.values() for t in s.values() if hasattr(t, "abs")]
-                self.calls[name] = {"distributed": hasattr(optimizer, "synchronize"),
-                                    "state": float(sum(t.abs().sum() for t in held))}
+                self.calls[name] = {
+                    "distributed": hasattr(optimizer, "synchronize"),
+                    "state": float(sum(t.abs().sum() for t in held)),
+                }
             else:
                 self.calls[name] = True
             return result
@@ -330,22 +353,39 @@ def _by_hand_job(pin_device, train_by_hand, settings: dict[str, Any]) -> dict[st
     seen: dict[str, Any] = {"calls": []}
     for call in ("fresh", "resumed"):
         torch.manual_seed(1000 * settings["seed"] + 10 * rank + len(seen["calls"]))
-        network = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 16), torch.nn.ReLU(),
-                                      torch.nn.Linear(16, settings["classes"]))
+        network = torch.nn.Sequential(
+            torch.nn.Flatten(),
+            torch.nn.Linear(3 * 8 * 8, 16),
+            torch.nn.ReLU(),
+            torch.nn.Linear(16, settings["classes"]),
+        )
         before = _flat_weights(network)
         dataset = _RecordedDataset(features, labels, str(folder / f"reads-{call}-{rank}.txt"))
         calls: dict[str, Any] = {}
-        with _Spy(hvd, ["broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer"], calls), \
-                own_work(device_for_local_rank, *_loaded("helpers.horovod_strategy:HorovodStrategy")):
-            train_by_hand(network=network, dataset=dataset, base_lr=settings["base_lr"], epochs=1,
-                          batch_size=settings["batch_size"],
-                          checkpoint_path=str(folder / f"node-{rank}" / "checkpoint.pt"),
-                          experiment=f"{settings['experiment']}-{call}", tracking_uri=settings["tracking_uri"],
-                          use_gpu=False)
+        with (
+            _Spy(hvd, ["broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer"], calls),
+            own_work(device_for_local_rank, *_loaded("helpers.horovod_strategy:HorovodStrategy")),
+        ):
+            train_by_hand(
+                network=network,
+                dataset=dataset,
+                base_lr=settings["base_lr"],
+                epochs=1,
+                batch_size=settings["batch_size"],
+                checkpoint_path=str(folder / f"node-{rank}" / "checkpoint.pt"),
+                experiment=f"{settings['experiment']}-{call}",
+                tracking_uri=settings["tracking_uri"],
+                use_gpu=False,
+            )
         hvd.init()
         seen["keys"] = list(network.state_dict())
-        seen["calls"].append({"before": before, "after": hvd.allgather_object(_flat_weights(network)),
-                              "steps": hvd.allgather_object(calls)})
+        seen["calls"].append(
+            {
+                "before": before,
+                "after": hvd.allgather_object(_flat_weights(network)),
+                "steps": hvd.allgather_object(calls),
+            }
+        )
     with own_work(device_for_local_rank):
         seen["pin"] = hvd.allgather_object(_probe_pin_device(pin_device, hvd))
     return seen
@@ -357,8 +397,10 @@ def _pin_problem(probes: list[dict[str, Any]]) -> str | None:
         if probe["cpu"] != "cpu":
             return f"pin_device(use_gpu=False) gave a {probe['cpu']} device on rank {rank}: use the CPU"
         if probe["gpu"] != "cuda" or probe["index"] != probe["expected"]:
-            return (f"with GPUs, rank {rank} (local rank {probe['expected']}) got {probe['gpu']}:{probe['index']}: "
-                    "pin cuda:<hvd.local_rank()> (torch.cuda.set_device) for one GPU per process")
+            return (
+                f"with GPUs, rank {rank} (local rank {probe['expected']}) got {probe['gpu']}:{probe['index']}: "
+                "pin cuda:<hvd.local_rank()> (torch.cuda.set_device) for one GPU per process"
+            )
     return None
 
 
@@ -369,8 +411,10 @@ def _by_hand_shard_problem(folder: Path, processes: int, rows: int) -> str | Non
     if not all(reads):
         return f"rank {[bool(r) for r in reads].index(False)} read no data: iterate a DataLoader over the dataset"
     if max(len(r) for r in reads) > share:
-        return (f"a rank read {max(len(r) for r in reads)} of {rows} rows in one epoch: shard the data, e.g. "
-                "DistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank())")
+        return (
+            f"a rank read {max(len(r) for r in reads)} of {rows} rows in one epoch: shard the data, e.g. "
+            "DistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank())"
+        )
     shared = sum(len(r) for r in reads) - len(set().union(*reads))
     if shared > processes - 1:
         return "the ranks read the same rows: shard by hvd.rank() and hvd.size()"
@@ -388,8 +432,10 @@ def _state_problem(steps: list[dict[str, Any]]) -> str | None:
         return "broadcast the optimizer state too: hvd.broadcast_optimizer_state(optimizer, root_rank=0)"
     restored = steps[0]["broadcast_optimizer_state"]
     if not restored["distributed"] or restored["state"] == 0:
-        return ("the restored momentum was lost: wrap the optimizer in hvd.DistributedOptimizer first (it builds a "
-                "new optimizer without the old one's state), then restore and broadcast that one's state")
+        return (
+            "the restored momentum was lost: wrap the optimizer in hvd.DistributedOptimizer first (it builds a "
+            "new optimizer without the old one's state), then restore and broadcast that one's state"
+        )
     return None
 
 
@@ -450,8 +496,10 @@ def _mlflow_problem(uri: str, experiments: list[str]) -> str | None:
     for name in experiments:
         runs = client.search_runs([client.get_experiment_by_name(name).experiment_id])
         if not runs:
-            return ("no MLflow run: on rank 0, mlflow.set_tracking_uri(tracking_uri), mlflow.set_experiment("
-                    "experiment), then start a run and log")
+            return (
+                "no MLflow run: on rank 0, mlflow.set_tracking_uri(tracking_uri), mlflow.set_experiment("
+                "experiment), then start a run and log"
+            )
         if len(runs) > 1:
             return f"{len(runs)} MLflow runs for one training: log on rank 0 only"
         if not runs[0].data.metrics:
@@ -480,8 +528,9 @@ def _by_hand_problem(seen: dict[str, Any], folder: Path, settings: dict[str, Any
         return "the network's weights did not change: train it in place for `epochs` epochs"
     expected_lr = settings["base_lr"] * CHECK_PROCESSES
     experiments = [f"{settings['experiment']}-{call}" for call in ("fresh", "resumed")]
-    problem = (_checkpoint_problem(folder, seen["keys"], resumed["after"][0], expected_lr)
-               or _mlflow_problem(settings["tracking_uri"], experiments))
+    problem = _checkpoint_problem(folder, seen["keys"], resumed["after"][0], expected_lr) or _mlflow_problem(
+        settings["tracking_uri"], experiments
+    )
     if problem:
         return problem
     final = resumed["after"][0]
@@ -504,18 +553,25 @@ def horovod_by_hand(namespace) -> str:
     folder = work_path("checks", f"3.5-{uuid.uuid4().hex[:8]}")
     folder.mkdir(parents=True)
     uri = tracking_uri(None)
-    settings = {"folder": str(folder), "seed": CHECK_SEED, "rows": int(rng.integers(90, 130)),
-                "classes": int(rng.integers(3, 7)), "batch_size": int(rng.integers(6, 10)),
-                "base_lr": float(rng.uniform(0.005, 0.02)), "experiment": f"check-3.5-{folder.name}",
-                "tracking_uri": uri}
+    settings = {
+        "folder": str(folder),
+        "seed": CHECK_SEED,
+        "rows": int(rng.integers(90, 130)),
+        "classes": int(rng.integers(3, 7)),
+        "batch_size": int(rng.integers(6, 10)),
+        "base_lr": float(rng.uniform(0.005, 0.02)),
+        "experiment": f"check-3.5-{folder.name}",
+        "tracking_uri": uri,
+    }
     _new_experiments(uri, settings["experiment"], folder)
-    seen = _launch(CHECK_PROCESSES, _by_hand_job, pin_device=pin_device, train_by_hand=train_by_hand,
-                   settings=settings)
+    seen = _launch(CHECK_PROCESSES, _by_hand_job, pin_device=pin_device, train_by_hand=train_by_hand, settings=settings)
     problem = _by_hand_problem(seen, folder, settings)
     if problem:
         raise CheckFailed(problem)
-    return (f"{CHECK_PROCESSES} ranks on their own shards stay identical, resume from rank 0's one checkpoint, "
-            "and log one MLflow run")
+    return (
+        f"{CHECK_PROCESSES} ranks on their own shards stay identical, resume from rank 0's one checkpoint, "
+        "and log one MLflow run"
+    )
 
 
 # --- 3.6 (stretch) ----------------------------------------------------------------------------------------------
@@ -549,8 +605,13 @@ def global_accuracy_check(global_accuracy) -> str:
         for rank, got in enumerate(per_rank):
             if isinstance(got, bool) or not close(got, expected, rel=1e-6):
                 mean = sum(c / n for c, n in case) / len(case)
-                why = (" (the mean of the ranks' accuracies: weight each by its count)"
-                       if close(got, mean, rel=1e-6) else "")
-                raise CheckFailed(f"rank {rank} got {got!r}, expected {expected:.4f}{why}: sum correct and count "
-                                  "over all ranks (hvd.allreduce(..., op=hvd.Sum)) and divide")
+                why = (
+                    " (the mean of the ranks' accuracies: weight each by its count)"
+                    if close(got, mean, rel=1e-6)
+                    else ""
+                )
+                raise CheckFailed(
+                    f"rank {rank} got {got!r}, expected {expected:.4f}{why}: sum correct and count "
+                    "over all ranks (hvd.allreduce(..., op=hvd.Sum)) and divide"
+                )
     return "every rank gets the same, correctly weighted accuracy over all shards"

@@ -15,8 +15,16 @@ from typing import Any
 
 import pandas as pd
 
-from helpers.checks import (CheckFailed, NotAttempted, close, own_work, register, require, require_implemented,
-                            whole_number)
+from helpers.checks import (
+    CheckFailed,
+    NotAttempted,
+    close,
+    own_work,
+    register,
+    require,
+    require_implemented,
+    whole_number,
+)
 
 _EPS = 1e-6  # a loss this close to a rule's boundary may fall either side through float rounding
 
@@ -40,8 +48,10 @@ def _returned(value: Any, what: str) -> Any:
 def _run_ids(frame: Any, what: str) -> set[str]:
     _returned(frame, what)
     if not isinstance(frame, pd.DataFrame) or "run_id" not in frame.columns:
-        raise CheckFailed(f"{what} returned a {type(frame).__name__} without a run_id column: return the "
-                          "DataFrame from mlflow.search_runs(...)")
+        raise CheckFailed(
+            f"{what} returned a {type(frame).__name__} without a run_id column: return the "
+            "DataFrame from mlflow.search_runs(...)"
+        )
     return set(frame["run_id"])
 
 
@@ -62,16 +72,20 @@ def query_the_runs(namespace) -> str:
     uri = _uri(namespace)
     expected = set(runs_table(experiment, uri, sweep=sweep)["run_id"])
     if not expected:
-        raise CheckFailed(f"the experiment {experiment!r} has no finished runs of sweep {sweep}: run the training "
-                          "cells above first")
+        raise CheckFailed(
+            f"the experiment {experiment!r} has no finished runs of sweep {sweep}: run the training cells above first"
+        )
     client = MlflowClient(uri)
     experiment_id = client.get_experiment_by_name(experiment).experiment_id
     other_sweep = f"{sweep}-decoy"
     decoys = []
     try:
         for tags, status in [({"sweep": other_sweep}, "FINISHED"), ({"sweep": sweep}, "FAILED")]:
-            run = client.create_run(experiment_id, run_name="check-5.1-decoy",
-                                    tags={TAG + "lesson": "5", **{TAG + k: v for k, v in tags.items()}})
+            run = client.create_run(
+                experiment_id,
+                run_name="check-5.1-decoy",
+                tags={TAG + "lesson": "5", **{TAG + k: v for k, v in tags.items()}},
+            )
             client.set_terminated(run.info.run_id, status)
             decoys.append(run.info.run_id)
         mlflow.set_tracking_uri(uri)
@@ -83,17 +97,24 @@ def query_the_runs(namespace) -> str:
             client.delete_run(run_id)
     finished_other, failed_same = decoys
     if failed_same in got:
-        raise CheckFailed("a FAILED run of the sweep came back: keep only runs with attributes.status = 'FINISHED' "
-                          "(a crashed job's run must not enter the analysis)")
+        raise CheckFailed(
+            "a FAILED run of the sweep came back: keep only runs with attributes.status = 'FINISHED' "
+            "(a crashed job's run must not enter the analysis)"
+        )
     if finished_other in got:
-        raise CheckFailed("a run of another sweep came back: filter on the sweep tag, e.g. "
-                          f"\"tags.`{TAG}sweep` = '...'\"")
+        raise CheckFailed(
+            f"a run of another sweep came back: filter on the sweep tag, e.g. \"tags.`{TAG}sweep` = '...'\""
+        )
     if got != expected:
-        raise CheckFailed(f"{len(got)} runs came back, the sweep has {len(expected)} finished runs: search the "
-                          "experiment by name (experiment_names=[...]) and filter on the sweep tag and the status")
+        raise CheckFailed(
+            f"{len(got)} runs came back, the sweep has {len(expected)} finished runs: search the "
+            "experiment by name (experiment_names=[...]) and filter on the sweep tag and the status"
+        )
     if other != {finished_other}:
-        raise CheckFailed("query_runs(experiment, another_sweep) did not return just that sweep's run: use the "
-                          "sweep argument, not the SWEEP variable")
+        raise CheckFailed(
+            "query_runs(experiment, another_sweep) did not return just that sweep's run: use the "
+            "sweep argument, not the SWEEP variable"
+        )
     return f"{len(got)} finished runs of this sweep, none of another sweep, no failed run"
 
 
@@ -111,9 +132,17 @@ def speedup_cases(seed: int = 52, count: int = 6) -> list[pd.DataFrame]:
         times = [one if n == 1 else one / (n * rng.uniform(0.3, 1.2)) for n in devices]
         rows = list(zip(devices, times))
         rng.shuffle(rows)
-        tables.append(pd.DataFrame({"run_id": [f"run-{case}-{n}" for n, _ in rows], "epoch_mode": "one_pass",
-                                    "devices": [n for n, _ in rows], "wall_time_s": [t for _, t in rows]},
-                                   index=rng.sample(range(100, 1000), len(rows))))
+        tables.append(
+            pd.DataFrame(
+                {
+                    "run_id": [f"run-{case}-{n}" for n, _ in rows],
+                    "epoch_mode": "one_pass",
+                    "devices": [n for n, _ in rows],
+                    "wall_time_s": [t for _, t in rows],
+                },
+                index=rng.sample(range(100, 1000), len(rows)),
+            )
+        )
     return tables
 
 
@@ -125,17 +154,23 @@ def _compare_speedups(got: Any, expected: pd.DataFrame, where: str) -> None:
     if "run_id" in got.columns:
         got, expected = got.set_index("run_id"), expected.set_index("run_id")
     if len(got) != len(expected) or set(got.index) != set(expected.index):
-        raise CheckFailed(f"{len(got)} rows came back for {len(expected)} {where}: keep the table's rows (one per "
-                          "run) and add the two columns")
+        raise CheckFailed(
+            f"{len(got)} rows came back for {len(expected)} {where}: keep the table's rows (one per "
+            "run) and add the two columns"
+        )
     for run_id, row in expected.iterrows():
         n, time_s, speedup = int(row["devices"]), float(row["wall_time_s"]), float(row["speedup"])
         if not close(got.loc[run_id, "speedup"], speedup, 1e-6):
-            raise CheckFailed(f"{where}, devices={n}: speedup {got.loc[run_id, 'speedup']!r}, expected {speedup:.4g} "
-                              f"= time on 1 device / time on {n} ({time_s:.4g} s): take the 1-device row's time, "
-                              "not the first row's")
+            raise CheckFailed(
+                f"{where}, devices={n}: speedup {got.loc[run_id, 'speedup']!r}, expected {speedup:.4g} "
+                f"= time on 1 device / time on {n} ({time_s:.4g} s): take the 1-device row's time, "
+                "not the first row's"
+            )
         if not close(got.loc[run_id, "efficiency"], speedup / n, 1e-6):
-            raise CheckFailed(f"{where}, devices={n}: efficiency {got.loc[run_id, 'efficiency']!r}, expected "
-                              f"speedup / devices = {speedup / n:.4g}")
+            raise CheckFailed(
+                f"{where}, devices={n}: efficiency {got.loc[run_id, 'efficiency']!r}, expected "
+                f"speedup / devices = {speedup / n:.4g}"
+            )
 
 
 def _expected_speedups(table: pd.DataFrame) -> list[pd.DataFrame]:
@@ -200,23 +235,79 @@ _REASONS = ("stopping_threshold", "patience", "max_epochs")  # what why_stopped 
 
 # (val_losses, min_delta, patience, stopping_threshold, max_epochs, reason, why): the rules one at a time
 _STOP_CASES = [
-    ([0.9, 0.7, 0.5, 0.45], 0.01, 10, 0.5, 20, "stopping_threshold",
-     "val_loss 0.45 < stopping_threshold 0.5 at the last epoch"),
+    (
+        [0.9, 0.7, 0.5, 0.45],
+        0.01,
+        10,
+        0.5,
+        20,
+        "stopping_threshold",
+        "val_loss 0.45 < stopping_threshold 0.5 at the last epoch",
+    ),
     ([0.9, 0.7, 0.6], 0.01, 2, None, 3, "max_epochs", "it improved every epoch and reached max_epochs"),
-    ([0.9, 0.895, 0.893], 0.01, 2, None, 10, "patience",
-     "changes of 0.005 are not improvements with min_delta 0.01: 2 epochs without improvement = patience 2"),
-    ([0.9, 0.8, 0.85, 0.78, 0.6, 0.61, 0.62], 0.01, 2, None, 7, "patience",
-     "the wait count resets at each improvement; it reaches 2 at the last epoch"),
-    ([0.9, 0.8, 0.81, 0.75], 0.01, 2, None, 4, "max_epochs",
-     "one epoch without improvement, then an improvement: patience 2 never runs out"),
-    ([0.9, 0.895, 0.4], 0.01, 1, 0.5, 10, "patience",
-     "patience 1 ran out at epoch 1 (0.895 is not better than 0.9 by more than 0.01), before the threshold"),
-    ([0.9, 0.45], 0.01, 1, 0.5, 2, "stopping_threshold",
-     "at the last epoch val_loss is below the threshold: the threshold is checked before max_epochs"),
-    ([0.9, 0.505, 0.498], 0.01, 1, 0.5, 10, "stopping_threshold",
-     "0.498 is no improvement on 0.505 by min_delta, but it is below the threshold, which is checked first"),
-    ([1.0, 0.995, 0.988], 0.01, 2, None, 3, "max_epochs",
-     "0.988 improves on the best, 1.0, by more than 0.01: the best moves only at an improvement, not at 0.995"),
+    (
+        [0.9, 0.895, 0.893],
+        0.01,
+        2,
+        None,
+        10,
+        "patience",
+        "changes of 0.005 are not improvements with min_delta 0.01: 2 epochs without improvement = patience 2",
+    ),
+    (
+        [0.9, 0.8, 0.85, 0.78, 0.6, 0.61, 0.62],
+        0.01,
+        2,
+        None,
+        7,
+        "patience",
+        "the wait count resets at each improvement; it reaches 2 at the last epoch",
+    ),
+    (
+        [0.9, 0.8, 0.81, 0.75],
+        0.01,
+        2,
+        None,
+        4,
+        "max_epochs",
+        "one epoch without improvement, then an improvement: patience 2 never runs out",
+    ),
+    (
+        [0.9, 0.895, 0.4],
+        0.01,
+        1,
+        0.5,
+        10,
+        "patience",
+        "patience 1 ran out at epoch 1 (0.895 is not better than 0.9 by more than 0.01), before the threshold",
+    ),
+    (
+        [0.9, 0.45],
+        0.01,
+        1,
+        0.5,
+        2,
+        "stopping_threshold",
+        "at the last epoch val_loss is below the threshold: the threshold is checked before max_epochs",
+    ),
+    (
+        [0.9, 0.505, 0.498],
+        0.01,
+        1,
+        0.5,
+        10,
+        "stopping_threshold",
+        "0.498 is no improvement on 0.505 by min_delta, but it is below the threshold, which is checked first",
+    ),
+    (
+        [1.0, 0.995, 0.988],
+        0.01,
+        2,
+        None,
+        3,
+        "max_epochs",
+        "0.988 improves on the best, 1.0, by more than 0.01: the best moves only at an improvement, not at 0.995",
+    ),
 ]
 
 
@@ -232,7 +323,7 @@ def stop_cases(seed: int = 53, count: int = 40) -> list[tuple[list[float], float
         for _ in range(max_epochs - 1):
             losses.append(losses[-1] * rng.uniform(0.7, 1.1))
         reason, epoch = _replay(losses, delta, patience, threshold, max_epochs)
-        losses = losses[:epoch + 1]
+        losses = losses[: epoch + 1]
         if acceptable_reasons(losses, delta, patience, threshold, max_epochs) == {reason}:
             cases.append((losses, delta, patience, threshold, max_epochs, reason))
     return cases
@@ -267,16 +358,24 @@ def why_runs_stopped(namespace) -> str:
             threshold = None if math.isnan(row.stopping_threshold) else float(row.stopping_threshold)
             settings = (float(row.min_delta), int(row.patience), threshold, int(row.max_epochs))
             accepted = {row.logged_stop_reason} | acceptable_reasons(losses, *settings) - {"unknown"}
-            cases.append((losses, *settings, accepted,
-                          f"Lightning reported {row.logged_stop_reason!r} for run {row.run_id} ({row.devices} "
-                          f"devices, {row.epoch_mode})"))
+            cases.append(
+                (
+                    losses,
+                    *settings,
+                    accepted,
+                    f"Lightning reported {row.logged_stop_reason!r} for run {row.run_id} ({row.devices} "
+                    f"devices, {row.epoch_mode})",
+                )
+            )
     with own_work(stop_reason, stop_reasons):
         for losses, delta, patience, threshold, max_epochs, accepted, why in cases:
             got = _returned(why_stopped(list(losses), delta, patience, threshold, max_epochs), "why_stopped")
             if got not in accepted:
-                raise CheckFailed(f"why_stopped({[round(v, 4) for v in losses]}, min_delta={delta}, "
-                                  f"patience={patience}, stopping_threshold={threshold}, max_epochs={max_epochs}) = "
-                                  f"{got!r}, expected {' or '.join(map(repr, sorted(accepted)))}: {why}")
+                raise CheckFailed(
+                    f"why_stopped({[round(v, 4) for v in losses]}, min_delta={delta}, "
+                    f"patience={patience}, stopping_threshold={threshold}, max_epochs={max_epochs}) = "
+                    f"{got!r}, expected {' or '.join(map(repr, sorted(accepted)))}: {why}"
+                )
     real = len(cases) - made_up
     return f"right on {made_up} made-up histories" + (f" and on the lesson's {real} runs" if real else "")
 
@@ -302,11 +401,17 @@ def rows_read_per_epoch(namespace) -> str:
     with own_work(steps_per_epoch):
         for rows, batch, devices in epoch_cases():
             for mode, expected, hint in [
-                ("one_pass", math.ceil(rows / (batch * devices)) * batch * devices,
-                 "steps = ceil(rows / (batch_size x devices)), each device reads batch_size rows a step"),
-                ("fixed_steps", math.ceil(rows / batch) * batch * devices * devices,
-                 "steps stay at the 1-device ceil(rows / batch_size) while each device reads batch_size x devices "
-                 "rows a step"),
+                (
+                    "one_pass",
+                    math.ceil(rows / (batch * devices)) * batch * devices,
+                    "steps = ceil(rows / (batch_size x devices)), each device reads batch_size rows a step",
+                ),
+                (
+                    "fixed_steps",
+                    math.ceil(rows / batch) * batch * devices * devices,
+                    "steps stay at the 1-device ceil(rows / batch_size) while each device reads batch_size x devices "
+                    "rows a step",
+                ),
             ]:
                 what = f"rows_per_epoch({rows}, {batch}, {devices}, {mode!r})"
                 got = whole_number(_returned(rows_per_epoch(rows, batch, devices, mode), "rows_per_epoch"), what)
@@ -326,10 +431,16 @@ def plan_cases(seed: int = 55, count: int = 10) -> list[tuple[int, dict[str, Any
     cases = []
     for _ in range(count):
         batch = rng.choice([8, 16, 32, 64, 128])
-        base = {"batch_size": batch, "learning_rate": round(10 ** rng.uniform(-5, -1), 7),
-                "train_rows": rng.randint(2 * batch, 40 * batch), "seed": rng.randint(0, 99),
-                "max_epochs": rng.randint(3, 100), "min_delta": rng.choice([0.0, 0.005, 0.01]),
-                "patience": rng.randint(1, 10), "stopping_threshold": rng.choice([None, 0.55, 0.12])}
+        base = {
+            "batch_size": batch,
+            "learning_rate": round(10 ** rng.uniform(-5, -1), 7),
+            "train_rows": rng.randint(2 * batch, 40 * batch),
+            "seed": rng.randint(0, 99),
+            "max_epochs": rng.randint(3, 100),
+            "min_delta": rng.choice([0.0, 0.005, 0.01]),
+            "patience": rng.randint(1, 10),
+            "stopping_threshold": rng.choice([None, 0.55, 0.12]),
+        }
         if rng.random() < 0.5:
             base["image_size"] = rng.choice([16, 32, 224])
         cases.append((rng.choice([1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 64]), base))
@@ -353,8 +464,10 @@ def _device_hint(got: list[int], expected: list[int], max_devices: int, batch: i
     if max_devices in expected and max_devices not in got:
         return "include max_devices itself: the full node is the run the sweep is for"
     if any(n * batch > rows for n in got if n > 1):
-        return (f"leave out device counts at which a device gets no full batch ({rows} rows, {batch} per device: "
-                "devices x batch_size <= train_rows)")
+        return (
+            f"leave out device counts at which a device gets no full batch ({rows} rows, {batch} per device: "
+            "devices x batch_size <= train_rows)"
+        )
     if len(set(got)) != len(got):
         return "launch each device count once"
     return "double from 1 (1, 2, 4, 8, ...) up to max_devices, and add max_devices itself"
@@ -375,23 +488,30 @@ def _check_run(run: Mapping[str, Any], expected: Mapping[str, Any], where: str) 
     rules = [
         ("batch_size", "hold the per-device batch_size fixed: each device reads as much per step as on 1"),
         ("global_batch_size", "global_batch_size = batch_size x devices: the batch all devices take in one step"),
-        ("steps_per_epoch", "steps_per_epoch = ceil(train_rows / global_batch_size): one pass over the data "
-                            "per epoch on any device count"),
+        (
+            "steps_per_epoch",
+            "steps_per_epoch = ceil(train_rows / global_batch_size): one pass over the data "
+            "per epoch on any device count",
+        ),
     ]
     for key, hint in rules:
         got = run.get(key)
         if got is None or whole_number(got, f"{where}: {key}") != expected[key]:
             raise CheckFailed(f"{where}, {n} devices: {key} {got!r}, expected {expected[key]}: {hint}")
     if not close(run.get("learning_rate"), expected["learning_rate"], 1e-6):
-        raise CheckFailed(f"{where}, {n} devices: learning_rate {run.get('learning_rate')!r}, expected "
-                          f"{expected['learning_rate']:.4g}: scale the 1-device rate linearly with the devices "
-                          "(each step averages gradients over devices x more images)")
+        raise CheckFailed(
+            f"{where}, {n} devices: learning_rate {run.get('learning_rate')!r}, expected "
+            f"{expected['learning_rate']:.4g}: scale the 1-device rate linearly with the devices "
+            "(each step averages gradients over devices x more images)"
+        )
     for key, value in expected.items():
         if key in ("devices", "learning_rate") or key in dict(rules):
             continue
         if key not in run or not _same(run[key], value):
-            raise CheckFailed(f"{where}, {n} devices: {key} {run.get(key, 'missing')!r}, expected {value!r}: keep "
-                              "every other setting of base_settings (seed, data, early stopping) as it is")
+            raise CheckFailed(
+                f"{where}, {n} devices: {key} {run.get(key, 'missing')!r}, expected {value!r}: keep "
+                "every other setting of base_settings (seed, data, early stopping) as it is"
+            )
 
 
 @register("5.5")
@@ -411,11 +531,13 @@ def sweep_is_like_for_like(namespace) -> str:
         for (max_devices, base, where), runs in zip(cases, expected):
             given = dict(base)
             plan = _plan_rows(sweep_plan(max_devices, given))
-            where = (f"{where} (max_devices={max_devices}, batch_size={base['batch_size']}, "
-                     f"train_rows={base['train_rows']})")
+            where = (
+                f"{where} (max_devices={max_devices}, batch_size={base['batch_size']}, train_rows={base['train_rows']})"
+            )
             if given != base:
-                raise CheckFailed(f"{where}: sweep_plan changed base_settings: copy it for each run "
-                                  "(dict(base_settings)) instead")
+                raise CheckFailed(
+                    f"{where}: sweep_plan changed base_settings: copy it for each run (dict(base_settings)) instead"
+                )
             got = [int(run["devices"]) for run in plan]
             want = [run["devices"] for run in runs]
             if got != want:
@@ -424,8 +546,11 @@ def sweep_is_like_for_like(namespace) -> str:
             for run, right in zip(plan, runs):
                 _check_run(run, right, where)
     lesson = [run["devices"] for run in expected[-1]] if cases[-1][2] == "the lesson's sweep" else None
-    return (f"right on {len(cases)} sweeps" + (f"; this lesson runs devices {lesson}" if lesson else "")
-            + ": per-device batch fixed, learning rate x devices, one pass per epoch, everything else unchanged")
+    return (
+        f"right on {len(cases)} sweeps"
+        + (f"; this lesson runs devices {lesson}" if lesson else "")
+        + ": per-device batch fixed, learning rate x devices, one pass per epoch, everything else unchanged"
+    )
 
 
 # --- 5.6 (stretch) the serial fraction --------------------------------------------------------------------------
@@ -457,11 +582,16 @@ def serial_fraction_measured(namespace) -> str:
         got = _returned(serial_fraction(speedup, n), "serial_fraction")
         expected = karp_flatt(float(speedup), int(n))
         if not close(got, expected, 1e-6):
-            raise CheckFailed(f"serial_fraction({speedup}, {n}) = {got!r}, expected {expected:.4g} = "
-                              "(1/speedup - 1/devices) / (1 - 1/devices)")
+            raise CheckFailed(
+                f"serial_fraction({speedup}, {n}) = {got!r}, expected {expected:.4g} = "
+                "(1/speedup - 1/devices) / (1 - 1/devices)"
+            )
     right = namespace.get("right")
     if not isinstance(right, pd.DataFrame) or not {"speedup", "devices"} <= set(right.columns):
         return f"right on {len(serial_cases())} made-up points"
-    measured = ", ".join(f"{int(r.devices)} devices {karp_flatt(float(r.speedup), int(r.devices)):.2f}"
-                         for r in right.itertuples() if r.devices > 1)
+    measured = ", ".join(
+        f"{int(r.devices)} devices {karp_flatt(float(r.speedup), int(r.devices)):.2f}"
+        for r in right.itertuples()
+        if r.devices > 1
+    )
     return f"right; serial fraction of this lesson's runs: {measured or 'no multi-device run'}"
