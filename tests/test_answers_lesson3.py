@@ -110,18 +110,28 @@ def test_3_1_stub_is_not_attempted(converters):
     assert _run("3.1", {**converters, "my_shard_ids": my_shard_ids})[0] == "not attempted"
 
 
-# --- 3.2: scaled_learning_rate ----------------------------------------------------------------------------------
+# --- 3.2: scaled_learning_rate (with warm-up) --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "answer",
-    [
-        lambda base_lr, world_size: base_lr * world_size,
-        lambda base_lr, world_size: np.float64(base_lr) * np.int64(world_size),
-        lambda base_lr, world_size: torch.tensor(base_lr, dtype=torch.float64) * world_size,
-        lambda base_lr, world_size: sum([base_lr] * world_size),
-    ],
-)
+def lr_branches(base_lr, world_size, step, warmup_steps):
+    target = base_lr * world_size
+    if step >= warmup_steps:
+        return target
+    return base_lr + (target - base_lr) * step / warmup_steps
+
+
+def lr_fraction(base_lr, world_size, step, warmup_steps):
+    progress = min(1.0, step / warmup_steps) if warmup_steps else 1.0
+    return np.float64(base_lr) * (1 + (world_size - 1) * progress)
+
+
+def lr_interp(base_lr, world_size, step, warmup_steps):
+    if warmup_steps == 0:
+        return base_lr * world_size
+    return torch.tensor(np.interp(step, [0, warmup_steps], [base_lr, base_lr * world_size]))
+
+
+@pytest.mark.parametrize("answer", [lr_branches, lr_fraction, lr_interp])
 def test_3_2_right(answer):
     assert verdict("3.2", answer) == "passed"
 
@@ -129,12 +139,12 @@ def test_3_2_right(answer):
 @pytest.mark.parametrize(
     "answer",
     [
-        lambda base_lr, world_size: base_lr,
-        lambda base_lr, world_size: base_lr * 2,
-        lambda base_lr, world_size: base_lr / world_size,
-        lambda base_lr, world_size: base_lr * world_size**0.5,
-        lambda base_lr, world_size: round(base_lr * world_size, 4),
-        lambda base_lr, world_size: str(base_lr * world_size),
+        lambda base_lr, world_size, step, warmup_steps: base_lr * world_size,  # no warm-up
+        lambda base_lr, world_size, step, warmup_steps: base_lr * 2,  # hard-coded world size
+        lambda base_lr, world_size, step, warmup_steps: base_lr * world_size * min(1, step / max(warmup_steps, 1)),
+        lambda base_lr, world_size, step, warmup_steps: base_lr * world_size**0.5,  # square-root rule
+        lambda base_lr, world_size, step, warmup_steps: base_lr if step < warmup_steps else base_lr * world_size,
+        lambda base_lr, world_size, step, warmup_steps: str(base_lr * world_size),
     ],
 )
 def test_3_2_wrong(answer):

@@ -119,21 +119,35 @@ def init_and_shard(namespace) -> str:
 # --- 3.2 --------------------------------------------------------------------------------------------------------
 
 
+def _warmed_up(base: float, size: int, step: int, warmup: int) -> float:
+    """The linear scaling rule with gradual warm-up (Goyal et al., 2017): from ``base`` to ``base x size``."""
+    if step >= warmup:
+        return base * size
+    return base + (base * size - base) * step / warmup
+
+
 @register("3.2")
 def learning_rate_scaling(scaled_learning_rate) -> str:
-    """``scaled_learning_rate(base_lr, world_size)``: the learning rate grows with the number of processes."""
+    """``scaled_learning_rate(base_lr, world_size, step, warmup_steps)``: the learning rate of optimizer step
+    ``step``, ramped linearly from ``base_lr`` to ``base_lr x world_size`` over the first ``warmup_steps`` steps."""
     require_implemented(scaled_learning_rate)
     rng = np.random.default_rng(CHECK_SEED)
-    cases = [(1e-5, 1), (0.02, 2)]
-    cases += [(float(10 ** rng.uniform(-5, -1)), int(rng.integers(3, 65))) for _ in range(4)]
-    for base, size in cases:
-        got = scaled_learning_rate(base, size)
-        if isinstance(got, (bool, str, bytes)) or not close(got, base * size):
+    cases = [(1e-5, 1, 0, 0), (0.02, 2, 0, 0), (0.02, 2, 5, 0), (0.1, 4, 0, 10), (0.1, 4, 10, 10), (0.1, 4, 15, 10)]
+    for _ in range(8):
+        warmup = int(rng.integers(1, 200))
+        step = int(rng.integers(0, 2 * warmup))
+        cases.append((float(10 ** rng.uniform(-5, -1)), int(rng.integers(3, 65)), step, warmup))
+    for base, size, step, warmup in cases:
+        expected = _warmed_up(base, size, step, warmup)
+        got = scaled_learning_rate(base, size, step, warmup)
+        if isinstance(got, (bool, str, bytes)) or not close(got, expected):
+            where = "after the warm-up" if step >= warmup else f"at step {step} of a {warmup}-step warm-up"
             raise CheckFailed(
-                f"scaled_learning_rate({base:.3g}, {size}) = {got!r}, expected {base * size:.3g}: "
-                "each step averages gradients over world_size times more images"
+                f"scaled_learning_rate({base:.3g}, {size}, step={step}, warmup_steps={warmup}) = {got!r}, expected "
+                f"{expected:.4g} ({where}): ramp linearly from base_lr at step 0 to base_lr x world_size at "
+                "warmup_steps, then hold it"
             )
-    return "learning rate x world size, as the global batch grows"
+    return "base_lr x world_size, reached by a linear warm-up"
 
 
 # --- 3.3 --------------------------------------------------------------------------------------------------------
