@@ -115,7 +115,7 @@ def test_a_class_grades_to_the_right_statuses(tmp_path):
     out = tmp_path / "out" / "grades.csv"
     result = subprocess.run(
         [sys.executable, "-m", "helpers.grade", str(tmp_path / "submissions"), "--out", str(out),
-         "--solutions", str(FIXTURE.parent), "--timeout", "40"],
+         "--solutions", str(FIXTURE.parent), "--timeout", "25"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -127,7 +127,7 @@ def test_a_class_grades_to_the_right_statuses(tmp_path):
     report = "\n".join(f"{r['submission']} {r['exercise']} {r['status']}: {r['detail']}" for r in rows)
     assert graded == expected, report
     details = {(row["submission"], row["exercise"]): row["detail"] for row in rows}
-    assert "40 s timeout" in details["dave__99_course_fixture.ipynb", "99.1"]
+    assert "25 s timeout" in details["dave__99_course_fixture.ipynb", "99.1"]
     assert "not a valid notebook" in details["carol__99_course_fixture.ipynb", "99.1"]
     assert "more than once" in details["heidi__99_course_fixture.ipynb", "99.2"]
     assert "the check cell raised NameError" in details["erin__99_course_fixture.ipynb", "99.1"]
