@@ -49,6 +49,18 @@ def driver_memory(fraction: float = 0.25, cap_gb: int = 8) -> str:
     return f"{max(1, min(cap_gb, gb))}g"
 
 
+def executor_count(spark) -> int:
+    """How many executors the session has now (Spark's status tracker lists the driver too, which is not counted).
+
+    Args:
+        spark: the SparkSession.
+
+    Returns:
+        The number of live executors: 0 in local mode, the workers' executors on a cluster.
+    """
+    return len(spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()) - 1
+
+
 def configure_python_env() -> None:
     """Make Spark's Python workers (and Horovod's) run this interpreter, with this repository importable."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
