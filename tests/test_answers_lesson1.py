@@ -1,6 +1,6 @@
 """Answer corpus for lesson 1: right answers written differently pass, lazy, hard-coded and subtly wrong ones fail.
 
-Each answer is run against its check directly (``helpers.checks._run``); the checks generate their own inputs (a
+Each answer is run against its check directly (``helpers.course.checks._run``); the checks generate their own inputs (a
 Spark DataFrame, Delta tables, a small Petastorm converter), so the tests only need an active SparkSession.
 """
 
@@ -22,7 +22,7 @@ from PIL import Image
 from pyspark.sql import functions as F
 
 from helpers import lake, loaders
-from helpers.checks import PASSED, _run
+from helpers.course.checks import PASSED, _run
 from helpers.loaders import IMAGENET_MEAN, IMAGENET_STD, TRAIN_COLUMNS
 
 pytestmark = pytest.mark.usefixtures("spark")

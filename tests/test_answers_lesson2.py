@@ -1,6 +1,6 @@
 """Answer corpus for lesson 2: right answers written differently pass, lazy, hard-coded and subtly wrong ones fail.
 
-Each answer is run against its check directly (``helpers.checks._run``), with only the namespace the check needs.
+Each answer is run against its check directly (``helpers.course.checks._run``), with only the namespace the check needs.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 from pytorch_lightning.loggers import MLFlowLogger
 from torch.nn import functional as F
 
-from helpers.checks import PASSED, _run
+from helpers.course.checks import PASSED, _run
 from helpers.datamodule import PetastormDataModule
 from helpers.loaders import PetastormBatches
 from helpers.model import LitClassificationModel

@@ -16,7 +16,7 @@ import torch
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from helpers.checks import _run
+from helpers.course.checks import _run
 from helpers.datamodule import PetastormDataModule
 from helpers.devices import device_for_local_rank
 from helpers.horovod_strategy import HorovodStrategy

@@ -1,7 +1,7 @@
 """Answer corpus for lesson 4: right answers written differently pass, lazy, hard-coded and subtly wrong ones fail.
 
-Every answer goes through its real check (``helpers.checks._run``) with a namespace built from fixtures: the shared
-local[2] session stands in for the cluster (Horovod and TorchDistributor run as Spark tasks there too), with a
+Every answer goes through its real check (``helpers.course.checks._run``) with a namespace built from fixtures: the
+shared local[2] session stands in for the cluster (Horovod and TorchDistributor run as Spark tasks there too), with a
 small Petastorm data set for the one real TorchDistributor job of 4.5.
 """
 
@@ -15,7 +15,7 @@ import cloudpickle
 import pytest
 from pyspark import cloudpickle as spark_cloudpickle
 
-from helpers.checks import _run
+from helpers.course.checks import _run
 
 # the answers below run in torchrun processes that cannot import this test module: ship them by value (Spark and
 # TorchDistributor pickle with pyspark's own copy of cloudpickle)
@@ -435,7 +435,7 @@ def test_4_5_training_function(ddp_namespace, answer, expected):
 @pytest.mark.slow
 def test_4_5_rank_zero_must_return(ddp_namespace, monkeypatch):
     """The real job's reports: a function that returns nothing on rank 0 fails (checked without a job)."""
-    from helpers.checks import lesson4
+    from helpers.course.checks import lesson4
 
     reports = {
         rank: {

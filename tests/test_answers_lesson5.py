@@ -1,5 +1,5 @@
 """Lesson 5's answer corpus: for every exercise, right answers written differently must pass and wrong ones
-(delegating, hard-coded, subtly wrong) must fail, each run through its check with ``helpers.checks._run``.
+(delegating, hard-coded, subtly wrong) must fail, each run through its check with ``helpers.course.checks._run``.
 
 The namespace the checks read is built here without training: runs written straight into an MLflow store of
 this module's own (tags through ``record_run``, a per-epoch ``val_loss`` history each), one of them with a loss on
@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from helpers.analysis import FIXED_STEPS, ONE_PASS, TAG, plan_sweep, record_run, runs_table, speedup_table, stop_reason
-from helpers.checks import _run
-from helpers.checks.lesson5 import _STOP_CASES, acceptable_reasons, plan_cases, stop_cases
+from helpers.course.checks import _run
+from helpers.course.checks.lesson5 import _STOP_CASES, acceptable_reasons, plan_cases, stop_cases
 from helpers.training import steps_per_epoch
 from helpers.workdir import REPO_ROOT
 

@@ -10,8 +10,8 @@ import IPython
 import IPython.display
 import pytest
 
-import helpers.checks as checks
-from helpers.checks import (
+import helpers.course.checks as checks
+from helpers.course.checks import (
     ERROR,
     FAILED,
     MIMETYPE,
@@ -44,7 +44,7 @@ def shown(monkeypatch) -> list[dict]:
 
 @pytest.fixture
 def lesson_dir(monkeypatch, tmp_path) -> Path:
-    """A folder searched for ``helpers.checks.lessonN`` modules; what the test imports from it is forgotten after."""
+    """A folder searched for ``helpers.course.checks.lessonN`` modules; what the test imports is forgotten after."""
     monkeypatch.setattr(checks, "__path__", [*checks.__path__, str(tmp_path)])
     before = set(sys.modules)
     yield tmp_path
@@ -138,7 +138,7 @@ def test_unknown_or_malformed_ids_print_an_error_line(capsys, exercise_id):
 
 def test_lesson_modules_are_imported_lazily(lesson_dir, capsys):
     (lesson_dir / "lesson97.py").write_text(
-        "from helpers.checks import register\n\n"
+        "from helpers.course.checks import register\n\n"
         "@register('97.1')\n"
         "def always(answer):\n"
         "    return 'registered by lesson97'\n"

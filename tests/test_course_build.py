@@ -11,7 +11,7 @@ import nbformat
 import pytest
 
 from helpers import CourseInputError
-from helpers.course import (
+from helpers.course.build import (
     bound_names,
     build_lesson,
     check_ids,

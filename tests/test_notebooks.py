@@ -19,8 +19,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers.checks import LOG_ENV, NOT_ATTEMPTED, PASSED
-from helpers.course import (
+from helpers.course.build import (
     PARAMETERS_TAG,
     SOLUTIONS_DIR,
     build_lesson,
@@ -29,7 +28,8 @@ from helpers.course import (
     solution_notebooks,
     structure,
 )
-from helpers.grade import allow_errors, check_records, execute
+from helpers.course.checks import LOG_ENV, NOT_ATTEMPTED, PASSED
+from helpers.course.grade import allow_errors, check_records, execute
 from helpers.workdir import REPO_ROOT
 
 FIXTURE = REPO_ROOT / "tests" / "fixtures" / "solutions" / "99_course_fixture.ipynb"

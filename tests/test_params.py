@@ -1,4 +1,4 @@
-"""The parameter files in params/ fit every solution notebook, and helpers.run_course refuses bad ones clearly.
+"""The parameter files in params/ fit every solution notebook, and helpers.course.run refuses bad ones clearly.
 
 Nothing is executed: each file's values are injected into each notebook with papermill's own
 ``parameterize_notebook`` and the injected cell is checked against the notebook's parameters cell (names declared,
@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from helpers import CourseInputError
-from helpers.course import SOLUTIONS_DIR
-from helpers.run_course import declared_parameters, load_params, main, resolve_all, select
+from helpers.course.build import SOLUTIONS_DIR
+from helpers.course.run import declared_parameters, load_params, main, resolve_all, select
 from helpers.workdir import REPO_ROOT
 
 PARAM_FILES = sorted((REPO_ROOT / "params").glob("*.yaml"))
@@ -116,7 +116,7 @@ def test_readme_names_the_files_and_the_command():
     readme = (REPO_ROOT / "README.md").read_text()
     for path in PARAM_FILES:
         assert f"params/{path.name}" in readme
-    assert "python -m helpers.run_course --params" in readme
+    assert "python -m helpers.course.run --params" in readme
     assert "docs/instructor.md" in readme
 
 
@@ -219,8 +219,8 @@ def test_instructor_guide_covers_the_topics():
         "T4",
         "64 GB",
         "make setup GPU=1",
-        "python -m helpers.run_course --params",
-        "python -m helpers.grade",
+        "python -m helpers.course.run --params",
+        "python -m helpers.course.grade",
         "grades.csv",
         "too few partitions",
         "Petastorm cache on the local disk",

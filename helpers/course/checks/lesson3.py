@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.checks import (
+from helpers.course.checks import (
     CheckFailed,
     Delegated,
     NotAttempted,

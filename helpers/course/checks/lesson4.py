@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from helpers.checks import CheckFailed, Delegated, close, own_work, register, require, whole_number
+from helpers.course.checks import CheckFailed, Delegated, close, own_work, register, require, whole_number
 
 TABLE_COLUMNS = ("wall_time_s", "val_loss", "val_acc")
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from helpers.checks import (
+from helpers.course.checks import (
     CheckFailed,
     NotAttempted,
     close,

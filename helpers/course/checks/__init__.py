@@ -1,8 +1,8 @@
 """Immediate feedback for the course's exercises: ``check("1.3", answer)`` in a check cell.
 
-A lesson's check functions live in ``helpers/checks/lessonN.py`` and register themselves::
+A lesson's check functions live in ``helpers/course/checks/lessonN.py`` and register themselves::
 
-    from helpers.checks import CheckFailed, register, require
+    from helpers.course.checks import CheckFailed, register, require
 
     @register("1.3")
     def shards_are_disjoint(namespace) -> str:
@@ -11,10 +11,10 @@ A lesson's check functions live in ``helpers/checks/lessonN.py`` and register th
             raise CheckFailed(f"expected 2 shards, got {len(shards)}")
         return "2 disjoint shards"                      # the success message
 
-``check`` imports ``helpers.checks.lessonN`` on first use of an id ``"N.x"`` (a notebook may also register its own
-ids), runs the function and prints one line: passed, failed with a hint, or not attempted. It never raises, so
+``check`` imports ``helpers.course.checks.lessonN`` on first use of an id ``"N.x"`` (a notebook may also register
+its own ids), runs the function and prints one line: passed, failed with a hint, or not attempted. It never raises, so
 "Run All" keeps going, and it returns whether the answer passed. In a notebook the line is a ``display_data``
-output that also carries a machine-readable record under :data:`MIMETYPE` for the grader (``helpers.grade``).
+output that also carries a machine-readable record under :data:`MIMETYPE` for the grader (``helpers.course.grade``).
 """
 
 from __future__ import annotations
@@ -151,7 +151,9 @@ def close(got: Any, expected: float, rel: float = 1e-9) -> bool:
 # A tripwire replaces a helper's code while a check runs: calling the helper by any name (an alias, an inherited
 # method, super()) records the call and raises, so an answer that delegates to it cannot pass.
 _TRIPPED: list[str] = []
-_TRIPWIRE_SOURCE = "def tripwire(*args, **kwargs):\n    __import__('helpers.checks').checks._trip({name!r})\n"
+_TRIPWIRE_SOURCE = (
+    "def tripwire(*args, **kwargs):\n    __import__('helpers.course.checks', fromlist=['_trip'])._trip({name!r})\n"
+)
 
 
 class Delegated(CheckFailed):
@@ -215,7 +217,7 @@ def _is_unanswered(answer: Any) -> bool:
 
 
 def _find_check(exercise_id: str) -> CheckFunction | None:
-    """The registered function for ``exercise_id``, importing ``helpers.checks.lessonN`` first if needed.
+    """The registered function for ``exercise_id``, importing ``helpers.course.checks.lessonN`` first if needed.
 
     Raises ``ValueError`` for an id that is not ``"N.x"``; lets a broken lesson module's errors through.
     """

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from urllib.parse import urlparse
 
 from helpers import lake, loaders
-from helpers.checks import CheckFailed, own_work, register, require_implemented, whole_number
+from helpers.course.checks import CheckFailed, own_work, register, require_implemented, whole_number
 from helpers.workdir import work_path
 
 SEED = 1

@@ -23,7 +23,7 @@ import torch
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
-from helpers.checks import (
+from helpers.course.checks import (
     CheckFailed,
     NotAttempted,
     close,

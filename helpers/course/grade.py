@@ -1,4 +1,4 @@
-"""Grade a class's notebooks: ``python -m helpers.grade SUBMISSIONS_DIR --out grades.csv``.
+"""Grade a class's notebooks: ``python -m helpers.course.grade SUBMISSIONS_DIR --out grades.csv``.
 
 Every ``*.ipynb`` under ``SUBMISSIONS_DIR`` is a submission (checkpoint and hidden folders are skipped); its name
 is its path relative to that folder, so both ``alice__01_data_lake_petastorm.ipynb`` and
@@ -39,8 +39,7 @@ import psutil  # ipykernel's dependency
 from nbformat import NotebookNode
 
 from helpers import CourseInputError
-from helpers.checks import ERROR, MIMETYPE, NOT_ATTEMPTED, PASSED, format_line
-from helpers.course import (
+from helpers.course.build import (
     SOLUTIONS_DIR,
     Structure,
     build_lesson,
@@ -50,13 +49,14 @@ from helpers.course import (
     solution_notebooks,
     structure,
 )
+from helpers.course.checks import ERROR, MIMETYPE, NOT_ATTEMPTED, PASSED, format_line
 
 DEFAULT_TIMEOUT_S = 600
 KERNEL_NAME = "python3"
 RAISES_TAG = "raises-exception"
 STATUSES = (PASSED, "failed", NOT_ATTEMPTED, ERROR)
 CSV_FIELDS = ("submission", "lesson", "exercise", "status", "detail", "optional")
-CHECK_IMPORT = "from helpers.checks import check  # the grader's: a `check` defined by the student is not used"
+CHECK_IMPORT = "from helpers.course.checks import check  # the grader's: a `check` defined by the student is not used"
 
 
 @dataclass(frozen=True)
@@ -388,8 +388,8 @@ def grade(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m helpers.grade SUBMISSIONS_DIR --out grades.csv [--solutions DIR] [--timeout S]``."""
-    parser = argparse.ArgumentParser(prog="python -m helpers.grade", description=__doc__.splitlines()[0])
+    """``python -m helpers.course.grade SUBMISSIONS_DIR --out grades.csv [--solutions DIR] [--timeout S]``."""
+    parser = argparse.ArgumentParser(prog="python -m helpers.course.grade", description=__doc__.splitlines()[0])
     parser.add_argument("submissions", type=Path, help="folder of submitted notebooks (searched recursively)")
     parser.add_argument("--out", type=Path, required=True, help="CSV to write; feedback goes to <name>_feedback/")
     parser.add_argument("--solutions", type=Path, default=SOLUTIONS_DIR, help="solution notebooks folder")

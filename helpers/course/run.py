@@ -1,6 +1,6 @@
 """Run every solution notebook with papermill using one parameter file (laptop, GPU cluster, Databricks).
 
-    python -m helpers.run_course --params params/gpu_cluster.yaml [--out build/] [--only 02] [--check]
+    python -m helpers.course.run --params params/gpu_cluster.yaml [--out build/] [--only 02] [--check]
 
 A parameter file is YAML with these top-level keys (all optional):
 
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers import CourseInputError
-from helpers.course import SOLUTIONS_DIR, display_path, solution_notebooks
+from helpers.course.build import SOLUTIONS_DIR, display_path, solution_notebooks
 
 __all__ = [
     "Declared",
@@ -398,7 +398,7 @@ def _override(text: str) -> tuple[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m helpers.run_course", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m helpers.course.run", description=__doc__.splitlines()[0])
     parser.add_argument("--params", required=True, help="parameter file (params/laptop.yaml, gpu_cluster.yaml, ...)")
     parser.add_argument("--out", default="build", help="folder for the executed notebooks (default build/)")
     parser.add_argument("--only", nargs="+", metavar="PREFIX", help="run only these notebooks: 02, 03_horovod, ...")

@@ -1,0 +1,12 @@
+"""The course's tooling, apart from what the notebooks teach with (the rest of ``helpers``).
+
+- :mod:`helpers.course.build`: ``lessons/`` generated from ``solutions/``, and the checks on both.
+- :mod:`helpers.course.checks`: the exercise checks the notebooks' check cells call.
+- :mod:`helpers.course.grade`: grading a class's submitted notebooks.
+- :mod:`helpers.course.run`: running the solutions with a parameter file (papermill).
+
+One command line, ``python -m helpers.course {build,grade,run} ...``. The domain modules never import this
+package (``tests/test_layout.py``).
+"""
+
+__all__ = ["build", "checks", "grade", "run"]
