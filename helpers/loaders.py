@@ -22,6 +22,7 @@ import pandas as pd
 from helpers import CourseInputError
 from helpers.data import resolve_data_dir
 from helpers.lake import default_table_path, ingest_images, read_table
+from helpers.validation import whole_number
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -253,3 +254,25 @@ class PetastormBatches:
     def __del__(self) -> None:
         # A forgotten close() must not leave reader threads running.
         self.close()
+
+
+def steps_per_epoch(rows: int, batch_size: int, world_size: int = 1) -> int:
+    """Optimizer steps per epoch when ``world_size`` devices each take ``batch_size`` rows per step.
+
+    An epoch is one pass over the ``rows`` training rows whatever the device count. (The original notebooks kept
+    the steps fixed while adding devices, so one "epoch" on n devices was about n passes of the data.)
+
+    Args:
+        rows: training rows in one pass.
+        batch_size: rows per device per step.
+        world_size: devices taking a batch at each step.
+
+    Returns:
+        ``ceil(rows / (batch_size * world_size))``, at least 1.
+
+    Raises:
+        CourseInputError: an argument is not a whole number of at least 1.
+    """
+    rows = whole_number("rows", rows)
+    step_rows = whole_number("batch_size", batch_size) * whole_number("world_size", world_size)
+    return -(-rows // step_rows)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import re
+import uuid
+from datetime import datetime
 from urllib.parse import urlparse
 
 import mlflow
@@ -21,6 +23,19 @@ from helpers.workdir import work_path
 # Schema migrations and store set-up log at INFO on every new process: not useful in a notebook.
 for _name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent"):
     logging.getLogger(_name).setLevel(logging.WARNING)
+
+
+def run_name(*parts: object) -> str:
+    """A readable, unique name for a run or a group of runs: ``<parts>-<YYYYmmdd-HHMMSS>-<4 hex>``.
+
+    Args:
+        parts: what the name says, e.g. ``("resnet", "devices2")``; joined with ``-``, empty parts left out.
+
+    Returns:
+        The parts, the local time to the second and four random hex digits, joined with ``-``.
+    """
+    words = [str(part) for part in parts if str(part)]
+    return "-".join([*words, f"{datetime.now():%Y%m%d-%H%M%S}", uuid.uuid4().hex[:4]])
 
 
 def tracking_uri(uri: str | None = None) -> str:

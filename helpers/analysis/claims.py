@@ -1,0 +1,116 @@
+"""The original material's claims, and the epoch-size pitfall, set against the measured runs in sentences.
+
+Every number in the sentences comes from a :func:`helpers.analysis.tables.speedup_table`.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from helpers import CourseInputError
+from helpers.analysis.schema import FIXED_STEPS, ONE_PASS
+
+__all__ = ["claim_report", "pitfall_report"]
+
+
+def claim_report(speedups: pd.DataFrame, time_column: str = "wall_time_s") -> list[str]:
+    """Sentences that set the original material's three claims against the measured runs of one epoch mode.
+
+    The claims: (1) about half the training time with more resources (speedup about 2), (2) speedup below linear,
+    (3) the single device stopped at a lower validation loss than the multi-device runs. Claim 1 is judged on the
+    largest device count, with the time per epoch alongside (runs that stop after different numbers of epochs
+    mix two effects); claim 3 treats differences within the runs' ``min_delta`` as no difference, as early
+    stopping itself does. Every number in the sentences comes from ``speedups`` (a :func:`speedup_table`).
+    """
+    if speedups.empty or 1 not in set(speedups["devices"].astype(int)):
+        return ["No 1-device run in the table: nothing to compare against."]
+    rows = speedups.sort_values("devices")
+    one = rows[rows["devices"] == 1].iloc[0]
+    more = rows[rows["devices"] > 1]
+    if more.empty:
+        return ["Only 1-device runs in the table: add device counts to compare."]
+    top = more.iloc[-1]
+    n = int(top["devices"])
+    ratio = top[time_column] / one[time_column]
+    verdict = (
+        "about half, as claimed"
+        if 0.4 <= ratio <= 0.6
+        else "faster, but not about half"
+        if ratio < 1
+        else "not faster at all"
+    )
+    lines = [
+        f"Claim 1, about half the time with more resources: {n} devices took {ratio:.2f} x the 1-device time "
+        f"({top[time_column]:.1f} s against {one[time_column]:.1f} s, speedup {top['speedup']:.2f}): {verdict}."
+    ]
+    if "time_per_epoch_s" in rows.columns:
+        per_epoch = one["time_per_epoch_s"] / top["time_per_epoch_s"]
+        lines.append(
+            f"  Per epoch: {top['time_per_epoch_s']:.1f} s on {n} devices against {one['time_per_epoch_s']:.1f} s "
+            f"on 1 (speedup per epoch {per_epoch:.2f}); epochs until stop: {int(top['epochs_run'])} against "
+            f"{int(one['epochs_run'])}"
+            + (
+                ", so part of the difference in total time is when the runs stopped, not how fast they computed."
+                if int(top["epochs_run"]) != int(one["epochs_run"])
+                else "."
+            )
+        )
+    effs = ", ".join(f"{int(r.devices)} devices {r.efficiency:.0%}" for r in more.itertuples())
+    below = bool((more["efficiency"] < 1).all())
+    lines.append(
+        f"Claim 2, sub-linear speedup: parallel efficiency {effs}: "
+        + (
+            "below linear at every device count, as claimed."
+            if below
+            else "at or above linear at some device count, against the claim."
+        )
+    )
+    tolerance = float(one["min_delta"]) if "min_delta" in rows.columns else 0.0
+    multi_best = more["best_val_loss"].astype(float)
+    diffs = multi_best - float(one["best_val_loss"])
+    if (diffs > tolerance).all():
+        verdict = "lower by more than min_delta, as claimed"
+    elif (diffs.abs() <= tolerance).all():
+        verdict = f"the same within min_delta ({tolerance:g}), which early stopping itself counts as no change"
+    elif (diffs < -tolerance).all():
+        verdict = "higher by more than min_delta, against the claim"
+    else:
+        verdict = "neither lower nor higher at every device count"
+    lines.append(
+        f"Claim 3, the single device stops at a lower loss: best val_loss {one['best_val_loss']:.3f} on 1 device "
+        f"against {', '.join(f'{v:.3f}' for v in multi_best)} on "
+        f"{', '.join(str(int(d)) for d in more['devices'])} devices: {verdict}."
+    )
+    return lines
+
+
+def pitfall_report(speedups: pd.DataFrame, time_column: str = "wall_time_s") -> list[str]:
+    """Sentences comparing, at each device count above 1, the fixed-steps runs with the one-pass runs.
+
+    ``speedups`` is a :func:`speedup_table` of both epoch modes against the same 1-device baseline (``group=None``);
+    every number comes from it.
+    """
+    needed = {"epoch_mode", "devices", "data_passes", "epochs_run", "time_per_epoch_s", "speedup", "best_val_loss"}
+    if not needed <= set(speedups.columns):
+        raise CourseInputError(f"the table lacks {sorted(needed - set(speedups.columns))}: pass speedup_table(...).")
+    lines = []
+    for n in sorted(set(speedups.loc[speedups["devices"] > 1, "devices"].astype(int))):
+        at_n = speedups[speedups["devices"] == n]
+        right = at_n[at_n["epoch_mode"] == ONE_PASS]
+        wrong = at_n[at_n["epoch_mode"] == FIXED_STEPS]
+        if right.empty or wrong.empty:
+            continue
+        r, w = right.iloc[0], wrong.iloc[0]
+        per_epoch_r = r["data_passes"] / r["epochs_run"]
+        per_epoch_w = w["data_passes"] / w["epochs_run"]
+        lines.append(
+            f"{n} devices: one 'epoch' read {per_epoch_w:.1f} passes over the data the original way against "
+            f"{per_epoch_r:.1f} the right way ({per_epoch_w / per_epoch_r:.1f} x). It stopped after "
+            f"{int(w['epochs_run'])} epoch(s) ({w['data_passes']:.1f} passes, best val_loss {w['best_val_loss']:.3f}) "
+            f"against {int(r['epochs_run'])} epoch(s) ({r['data_passes']:.1f} passes, best val_loss "
+            f"{r['best_val_loss']:.3f}); time per epoch {w['time_per_epoch_s']:.1f} s against "
+            f"{r['time_per_epoch_s']:.1f} s; 'speedup' {w['speedup']:.2f} against {r['speedup']:.2f}."
+        )
+    if not lines:
+        return ["No device count has runs in both epoch modes: nothing to compare."]
+    return lines

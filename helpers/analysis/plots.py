@@ -1,0 +1,101 @@
+"""Lesson 5's figures: time and speedup against devices, val_loss curves with their stop points, the pitfall."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.ticker import MaxNLocator
+
+from helpers.analysis.replay import stop_reason, val_loss_histories
+from helpers.analysis.schema import ONE_PASS
+
+__all__ = ["plot_pitfall", "plot_scaling", "plot_val_loss"]
+
+
+def _label(row) -> str:
+    return f"{row['devices']} dev, {row['epoch_mode']}" if "epoch_mode" in row else f"{row['devices']} dev"
+
+
+def plot_scaling(speedups: pd.DataFrame, time_column: str = "wall_time_s", title: str = ""):
+    """Wall time (left) and speedup (right) against devices from a :func:`speedup_table`, one line per epoch
+    mode, with the linear ideal dashed: time on 1 device / n, and speedup = n."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
+    if "epoch_mode" in speedups.columns:
+        groups = list(speedups.groupby("epoch_mode", sort=False))
+    else:
+        groups = [("", speedups)]
+    counts = sorted({1, *speedups["devices"].astype(int)})
+    ones = speedups[speedups["devices"] == 1]
+    for name, rows in groups:
+        if not ones.empty and not (rows["devices"] == 1).any():
+            rows = pd.concat([ones.iloc[[0]], rows])  # the same 1-device run is this mode's baseline too
+        rows = rows.sort_values("devices")
+        label = f"measured {name}".strip()
+        left.plot(rows["devices"], rows[time_column], marker="o", label=label)
+        right.plot(rows["devices"], rows["speedup"], marker="o", label=label)
+    # the baseline time every speedup was computed against: time x speedup, from any row
+    first = speedups.iloc[0]
+    base_time = float(first[time_column]) * float(first["speedup"])
+    left.plot(counts, [base_time / n for n in counts], linestyle="--", color="grey", label="linear ideal: t1 / n")
+    right.plot(counts, counts, linestyle="--", color="grey", label="linear ideal: speedup = n")
+    left.set(xlabel="devices", ylabel=f"{time_column} (s)", title="Training time")
+    right.set(xlabel="devices", ylabel="speedup", title="Speedup against 1 device")
+    for ax in (left, right):
+        ax.set_xticks(counts)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_val_loss(table: pd.DataFrame, uri: str | None = None, title: str = "val_loss per epoch"):
+    """Each run's val_loss curve from MLflow, its stop point marked with an x (labelled with the reason), its
+    best epoch with a circle, and the stopping threshold (if any) as a dotted line."""
+    histories = val_loss_histories(table, uri)
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    for row in table.to_dict("records"):
+        values = histories[row["run_id"]]
+        if not values:
+            continue
+        reason, stop = stop_reason(
+            values, row["min_delta"], int(row["patience"]), row["stopping_threshold"], int(row["max_epochs"])
+        )
+        (line,) = ax.plot(range(len(values)), values, marker=".", label=f"{_label(row)}: {reason}")
+        ax.plot([stop], [values[stop]], marker="x", markersize=11, markeredgewidth=2.5, color=line.get_color())
+        best = min(range(len(values)), key=values.__getitem__)
+        ax.plot([best], [values[best]], marker="o", markersize=9, fillstyle="none", color=line.get_color())
+    thresholds = table["stopping_threshold"].dropna().unique() if "stopping_threshold" in table else []
+    for threshold in thresholds:
+        ax.axhline(threshold, linestyle=":", color="grey", label="stopping_threshold")
+    ax.set(xlabel="epoch", ylabel="val_loss", title=f"{title} (x: stop, o: best)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_pitfall(speedups: pd.DataFrame, uri: str | None = None):
+    """val_loss of every run against epochs (left) and against passes over the training data (right)."""
+    histories = val_loss_histories(speedups, uri)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.4), sharey=True)
+    for row in speedups.to_dict("records"):
+        values = histories[row["run_id"]]
+        passes_per_epoch = row["steps_per_epoch"] * row["batch_size"] * row["devices"] / row["train_rows"]
+        style = "-" if row["epoch_mode"] == ONE_PASS else "--"
+        (line,) = left.plot(range(1, len(values) + 1), values, style, marker=".", label=_label(row))
+        right.plot(
+            [passes_per_epoch * (i + 1) for i in range(len(values))],
+            values,
+            style,
+            marker=".",
+            color=line.get_color(),
+            label=_label(row),
+        )
+    left.set(xlabel="epochs completed", ylabel="val_loss", title="Per 'epoch': not like for like")
+    left.xaxis.set_major_locator(MaxNLocator(integer=True))
+    right.set(xlabel="passes over the training data", title="Per pass over the data")
+    left.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

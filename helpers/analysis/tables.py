@@ -1,0 +1,119 @@
+"""Lesson 5's runs from MLflow as a table, and speedup and efficiency computed from it.
+
+Nothing here reads variables of the training code: every number comes back through ``mlflow.search_runs``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from helpers import CourseInputError
+from helpers.analysis.schema import METRICS, TAG, TAGS
+
+__all__ = ["runs_table", "speedup_table"]
+
+
+def _convert(value: Any, kind: type) -> Any:
+    """A tag string as ``kind``; empty or missing -> None (NaN for floats)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value in ("", "None"):
+        return math.nan if kind is float else None
+    return kind(float(value)) if kind is int else kind(value)
+
+
+def runs_table(
+    experiment: str, uri: str | None = None, sweep: str | None = None, filter_string: str = ""
+) -> pd.DataFrame:
+    """The lesson's runs of ``experiment`` from ``mlflow.search_runs``, one row per finished run, typed columns.
+
+    Columns: ``run_id``, ``run_name``, ``start_time``, the ``course.*`` tags without the prefix (``devices``,
+    ``launcher``, ``epoch_mode``, ``batch_size``, ``global_batch_size``, ``steps_per_epoch``, ``train_rows``,
+    ``min_delta``, ``patience``, ``stopping_threshold`` (NaN when none), ``max_epochs``, ``sweep``, and
+    ``logged_stop_reason``: the reason Lightning reported), and the metrics ``wall_time_s``, ``job_time_s``,
+    ``epochs_run``, ``best_val_loss``, ``last_val_loss``, ``val_acc``. ``sweep`` keeps one comparison's runs;
+    ``filter_string`` adds an MLflow filter. Sorted by epoch mode, then devices, then start time. An experiment
+    without such runs gives an empty table with these columns.
+    """
+    import mlflow
+
+    from helpers.tracking import resolve_uri
+
+    mlflow.set_tracking_uri(resolve_uri(uri))
+    filters = [f"tags.`{TAG}lesson` = '5'", "attributes.status = 'FINISHED'"]
+    if sweep:
+        filters.append(f"tags.`{TAG}sweep` = '{sweep}'")
+    if filter_string:
+        filters.append(filter_string)
+    if mlflow.get_experiment_by_name(experiment) is None:
+        raw = pd.DataFrame()
+    else:
+        raw = mlflow.search_runs(
+            experiment_names=[experiment], filter_string=" and ".join(filters), output_format="pandas"
+        )
+    columns = ["run_id", "run_name", "start_time"] + [column for column, _ in TAGS.values()] + list(METRICS)
+    if raw.empty:
+        return pd.DataFrame(columns=columns)
+    table = pd.DataFrame(
+        {"run_id": raw["run_id"], "run_name": raw.get("tags.mlflow.runName"), "start_time": raw["start_time"]}
+    )
+    for suffix, (column, kind) in TAGS.items():
+        values = raw.get(f"tags.{TAG}{suffix}", pd.Series([None] * len(raw), index=raw.index))
+        table[column] = [_convert(value, kind) for value in values]
+    for metric in METRICS:
+        table[metric] = raw.get(f"metrics.{metric}", pd.Series([math.nan] * len(raw), index=raw.index)).astype(float)
+    table["epochs_run"] = table["epochs_run"].astype("Int64")
+    table["stopping_threshold"] = table["stopping_threshold"].astype(float)
+    table["min_delta"] = table["min_delta"].astype(float)
+    return table.sort_values(["epoch_mode", "devices", "start_time"], ignore_index=True)[columns]
+
+
+def speedup_table(
+    table: pd.DataFrame,
+    time_column: str = "wall_time_s",
+    baseline_time: float | None = None,
+    group: str | None = "epoch_mode",
+) -> pd.DataFrame:
+    """``table`` with ``speedup`` = time on 1 device / time on n, and ``efficiency`` = speedup / n, added.
+
+    The baseline is ``baseline_time`` when given (taken to be a 1-device time), else, within each ``group``
+    (default: each epoch mode; ``None``: the whole table), the median time of the runs at the smallest device
+    count d0, with ``efficiency`` = speedup x d0 / n (so d0 = 1 gives speedup / n). Also adds
+    ``time_per_epoch_s`` and, when the table has the batch columns, ``data_passes`` (training rows read / rows)
+    and ``time_per_pass_s``. Raises ``CourseInputError`` for a table without ``devices`` or ``time_column``.
+    """
+    missing = {"devices", time_column} - set(table.columns)
+    if missing:
+        raise CourseInputError(f"the table has no column(s) {sorted(missing)}: pass runs_table(...)'s table.")
+    out = table.copy()
+    out["devices"] = out["devices"].astype(int)
+    out[time_column] = out[time_column].astype(float)
+    groups = (
+        [out.index]
+        if group is None or group not in out.columns
+        else [rows.index for _, rows in out.groupby(group, sort=False)]
+    )
+    out["speedup"] = math.nan
+    out["efficiency"] = math.nan
+    for index in groups:
+        rows = out.loc[index]
+        if baseline_time is not None:
+            base_devices, base_time = 1, float(baseline_time)
+        else:
+            base_devices = int(rows["devices"].min())
+            base_time = float(rows.loc[rows["devices"] == base_devices, time_column].median())
+        out.loc[index, "speedup"] = base_time / rows[time_column]
+        out.loc[index, "efficiency"] = out.loc[index, "speedup"] * base_devices / rows["devices"]
+    if "epochs_run" in out.columns:
+        out["time_per_epoch_s"] = out[time_column] / out["epochs_run"].astype(float)
+    if {"epochs_run", "steps_per_epoch", "batch_size", "train_rows"} <= set(out.columns):
+        read = (
+            out["epochs_run"].astype(float)
+            * out["steps_per_epoch"].astype(float)
+            * out["batch_size"].astype(float)
+            * out["devices"]
+        )
+        out["data_passes"] = read / out["train_rows"].astype(float)
+        out["time_per_pass_s"] = out[time_column] / out["data_passes"]
+    return out
