@@ -61,6 +61,25 @@ def executor_count(spark) -> int:
     return len(spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()) - 1
 
 
+def task_slots(spark) -> int:
+    """How many Spark tasks (so training processes) the session runs at once.
+
+    Args:
+        spark: the SparkSession.
+
+    Returns:
+        Its cores over ``spark.task.cpus``; with GPU scheduling (``spark.task.resource.gpu.amount``) at most one
+        task per GPU share of each executor.
+    """
+    conf = spark.sparkContext.getConf()
+    slots = spark.sparkContext.defaultParallelism // max(1, int(conf.get("spark.task.cpus", "1")))
+    task_gpus = float(conf.get("spark.task.resource.gpu.amount", "0"))
+    if task_gpus > 0:
+        per_executor = int(float(conf.get("spark.executor.resource.gpu.amount", "0")) // task_gpus)
+        slots = min(slots, max(0, executor_count(spark)) * per_executor)
+    return slots
+
+
 def configure_python_env() -> None:
     """Make Spark's Python workers (and Horovod's) run this interpreter, with this repository importable."""
     os.environ["PYSPARK_PYTHON"] = sys.executable

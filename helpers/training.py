@@ -31,7 +31,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from helpers import CourseInputError
-from helpers.horovod_runner import record_mlflow_run
+from helpers.jobs import record_mlflow_run
 from helpers.tracking import setup_mlflow
 from helpers.workdir import work_path
 

@@ -203,7 +203,7 @@ def test_worker_exception_names_the_rank_and_carries_its_traceback(tmp_path: Pat
     assert "ValueError: deliberate failure in the worker" in message
     assert "Traceback (most recent call last)" in message
     assert "raise_on_rank_one" in message
-    assert list((tmp_path / "horovod_runs").iterdir()) == []  # reports are cleaned up
+    assert list((tmp_path / "jobs").iterdir()) == []  # the job folder is removed
 
 
 @pytest.mark.slow

@@ -1,0 +1,260 @@
+"""One protocol for every launcher's jobs: a job folder, failure records, one root-cause rule, MLflow clean-up.
+
+A launcher (``HorovodRunner``, the TorchDistributor launcher, any later one) runs the user's function in several
+processes. Each job gets a :class:`JobFolder` on the driver's work directory (shared storage on a real cluster).
+The function runs inside :class:`WorkerCall` in every process: when it raises, the process writes a failure record
+(rank, time, traceback, whether the error only echoes another rank's) and re-raises. The training code records
+the MLflow runs it opens (:func:`record_mlflow_run`). When the job fails, the launcher asks the folder for the root
+cause (:meth:`JobFolder.root_cause`), ends the recorded runs that are still RUNNING as FAILED, and raises its
+subclass of :class:`JobError`. Every write is atomic (write aside, then rename), so the driver never reads half a
+record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+import traceback
+import uuid
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from helpers.workdir import work_dir
+
+__all__ = [
+    "JOB_DIR_ENV",
+    "Failure",
+    "JobError",
+    "JobFolder",
+    "WorkerCall",
+    "is_collateral",
+    "pin_threads",
+    "record_mlflow_run",
+]
+
+JOB_DIR_ENV = "COURSE_JOB_DIR"  # set in every worker process: its job's folder
+
+# what a rank raises when *another* rank stopped: Horovod's shutdown, torch.distributed's broken connections
+_COLLATERAL_TYPES = ("HorovodInternalError", "DistNetworkError", "DistBackendError")
+_COLLATERAL_TEXT = re.compile(
+    r"Horovod has been shut down|gloo|nccl|Connection (closed|reset)|ProcessGroup|Broken pipe", re.IGNORECASE
+)
+
+
+class JobError(RuntimeError):
+    """A distributed job failed. The base of every launcher's error.
+
+    Attributes:
+        rank: the rank that failed first (the root cause), or None when no rank can be named.
+        reason: the root cause in one line.
+        worker_traceback: that rank's Python traceback ("" when it died without a Python error).
+        exit_code: its exit code when the launcher knows it, else None.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        reason: str = "",
+        worker_traceback: str = "",
+        exit_code: int | None = None,
+    ):
+        super().__init__(message)
+        self.rank = rank
+        self.reason = reason or message.splitlines()[0]
+        self.worker_traceback = worker_traceback
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What a failing process recorded: its rank, when, whether it only echoes another rank's failure, how."""
+
+    rank: int
+    time: float
+    collateral: bool
+    text: str
+
+    @property
+    def last_line(self) -> str:
+        """The exception line of the traceback (``ValueError: ...``), at most 300 characters."""
+        lines = self.text.strip().splitlines()
+        return lines[-1][:300] if lines else ""
+
+
+def is_collateral(exc: BaseException) -> bool:
+    """Whether ``exc`` only reports that another rank stopped (Horovod shut down, a closed Gloo/NCCL connection).
+
+    Args:
+        exc: the exception a worker raised.
+
+    Returns:
+        True for an echo of another rank's failure, False for an error of the worker's own (a root cause).
+    """
+    return type(exc).__name__ in _COLLATERAL_TYPES or bool(_COLLATERAL_TEXT.search(str(exc)))
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a reader never sees half a file (write aside, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+class JobFolder:
+    """The folder one job's processes and its driver share: failure records, MLflow runs, results.
+
+    Args:
+        path: the folder (created when something is written to it).
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    @classmethod
+    def create(cls, launcher: str, work: str | os.PathLike | None = None) -> JobFolder:
+        """A new, empty job folder under ``<work dir>/jobs``.
+
+        Args:
+            launcher: the launcher's name, the start of the folder's name.
+            work: the work directory (default: the driver's, see :func:`helpers.workdir.work_dir`).
+
+        Returns:
+            The job folder (it exists).
+        """
+        folder = cls(work_dir(work) / "jobs" / f"{launcher}-{uuid.uuid4().hex}")
+        folder.path.mkdir(parents=True)
+        return folder
+
+    @classmethod
+    def current(cls) -> JobFolder | None:
+        """Inside a worker process: its job's folder; elsewhere None."""
+        path = os.environ.get(JOB_DIR_ENV)
+        return cls(path) if path else None
+
+    def record_failure(self, rank: int, exc: BaseException) -> None:
+        """Record that this process (``rank``) raised ``exc``; called by :class:`WorkerCall`."""
+        record = {
+            "rank": rank,
+            "time": time.time(),
+            "collateral": is_collateral(exc),
+            "text": "".join(traceback.format_exception(exc)),
+        }
+        _write_atomically(self.path / f"failure-rank-{rank}.json", json.dumps(record).encode())
+
+    def failures(self) -> dict[int, Failure]:
+        """The failure records written so far, by rank."""
+        records = (json.loads(path.read_text()) for path in sorted(self.path.glob("failure-rank-*.json")))
+        return {record["rank"]: Failure(**record) for record in records}
+
+    def root_cause(self) -> Failure | None:
+        """The failure that explains the job's: the earliest of a rank's own errors, else the earliest echo.
+
+        Returns:
+            That failure, or None when no process recorded one (they were killed, or the job never started).
+        """
+        failures = sorted(self.failures().values(), key=lambda f: (f.collateral, f.time))
+        return failures[0] if failures else None
+
+    def record_mlflow_run(self, run_id: str, tracking_uri: str) -> None:
+        """Note an MLflow run a process opened, so the driver can end it FAILED if the process never does."""
+        record = {"run_id": run_id, "tracking_uri": tracking_uri}
+        _write_atomically(self.path / f"mlflow-run-{run_id}.json", json.dumps(record).encode())
+
+    def fail_open_mlflow_runs(self) -> None:
+        """End as FAILED every recorded MLflow run still RUNNING (after a failed job: its processes are gone).
+
+        A run that cannot be reached is reported in a warning, never raised: the worker's error comes first.
+        """
+        from mlflow.tracking import MlflowClient
+
+        for path in sorted(self.path.glob("mlflow-run-*.json")):
+            record = json.loads(path.read_text())
+            try:
+                client = MlflowClient(record["tracking_uri"])
+                if client.get_run(record["run_id"]).info.status == "RUNNING":
+                    client.set_terminated(record["run_id"], "FAILED")
+            except Exception as exc:  # an unreachable store must not hide the worker's error
+                warnings.warn(f"could not mark the MLflow run {record['run_id']} FAILED: {exc}", stacklevel=2)
+
+    def write_result(self, data: bytes) -> None:
+        """Store rank 0's pickled result, for launchers that do not return it themselves."""
+        _write_atomically(self.path / "result.pkl", data)
+
+    def read_result(self) -> bytes | None:
+        """Rank 0's pickled result, or None if it wrote none."""
+        path = self.path / "result.pkl"
+        return path.read_bytes() if path.exists() else None
+
+    def remove(self) -> None:
+        """Delete the folder and everything in it."""
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def record_mlflow_run(run_id: str, tracking_uri: str) -> None:
+    """Inside a launcher's worker, note an MLflow run this process opened (see :meth:`JobFolder.record_mlflow_run`).
+
+    Args:
+        run_id: the MLflow run's id.
+        tracking_uri: where the run is stored.
+
+    Outside a job (a plain ``train`` call in a notebook) it does nothing.
+    """
+    job = JobFolder.current()
+    if job is not None:
+        job.record_mlflow_run(run_id, tracking_uri)
+
+
+def pin_threads(threads: int) -> int:
+    """Give this process ``threads`` compute threads (OpenMP, MKL, torch), so processes sharing cores do not fight.
+
+    Args:
+        threads: the thread count; values below 1 count as 1.
+
+    Returns:
+        The thread count set.
+    """
+    threads = max(1, threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ["MKL_NUM_THREADS"] = str(threads)
+    try:
+        import torch
+    except ImportError:
+        return threads
+    torch.set_num_threads(threads)
+    return threads
+
+
+class WorkerCall:
+    """What every process of a job runs: the user's function, with a failure record if it raises.
+
+    Args:
+        fn: the user's function.
+        job: the job's folder.
+        rank_env: the environment variable holding the process's global rank (``HOROVOD_RANK``, ``RANK``).
+        setup: called first in the process (a launcher's own preparations), or None.
+    """
+
+    def __init__(self, fn: Callable[..., Any], job: JobFolder, rank_env: str, setup: Callable[[], None] | None = None):
+        self.fn = fn
+        self.job_path = str(job.path)
+        self.rank_env = rank_env
+        self.setup = setup
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        os.environ[JOB_DIR_ENV] = self.job_path
+        if self.setup is not None:
+            self.setup()
+        try:
+            return self.fn(*args, **kwargs)
+        except BaseException as exc:
+            JobFolder(self.job_path).record_failure(int(os.environ.get(self.rank_env, "0")), exc)
+            raise
