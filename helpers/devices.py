@@ -1,43 +1,30 @@
-"""Which device a training process uses: CPU or one GPU, the Lightning accelerator and precision that go with it.
+"""Which device a training process uses (the CPU or one GPU), and the Lightning accelerator and precision for it.
 
-Small and without side effects, so that the helpers and notebooks take the same decisions everywhere and the tests
-can exercise the GPU branches on a CPU-only machine (``cuda_count`` lets them pretend there are GPUs):
-
-* ``gpu_available()`` / ``gpu_count()``: CUDA GPUs visible to this process;
-* ``accelerator_for(use_gpu)``: ``"gpu"`` or ``"cpu"`` for ``Trainer(accelerator=...)`` (``use_gpu=None``: a GPU
-  if there is one); asking for a GPU where there is none is a :class:`~helpers.CourseInputError`, not a silent CPU
-  run;
-* ``device_for_local_rank(local_rank, use_gpu)``: one GPU per process, ``cuda:<local rank>`` (the Horovod recipe);
-  more processes on a machine than GPUs is an error that says so;
-* ``precision_for(mixed_precision, use_gpu)``: ``Trainer(precision=...)``: ``"32-true"``, or automatic mixed
-  precision (``"bf16-mixed"`` where the GPU supports bfloat16, else ``"16-mixed"``; ``"bf16-mixed"`` on CPU);
-* ``horovod_gpu_support()``: whether the installed Horovod was built with CUDA and NCCL (``make setup GPU=1``);
-* ``check_flag(name, value)``: ``use_gpu``, ``mixed_precision`` and the like must be True or False.
+Free of side effects, so that helpers and notebooks decide the same way everywhere; ``cuda_count`` and ``bf16``
+let the tests take the GPU branches on a CPU-only machine.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from helpers import CourseInputError
+from helpers.validation import check_flag, whole_number
 
 __all__ = [
-    "PRECISIONS",
     "accelerator_for",
-    "check_flag",
     "describe_devices",
     "device_for_local_rank",
-    "gpu_available",
     "gpu_count",
     "horovod_gpu_support",
     "precision_for",
 ]
 
-PRECISIONS = ("32-true", "16-mixed", "bf16-mixed")
-
 
 def gpu_count() -> int:
-    """The number of CUDA GPUs this process can use (0 without torch's CUDA build or without a GPU)."""
+    """The number of CUDA GPUs this process can use.
+
+    Returns:
+        0 without torch's CUDA build, without a GPU, or with a driver that fails to answer.
+    """
     import torch
 
     try:
@@ -46,27 +33,19 @@ def gpu_count() -> int:
         return 0
 
 
-def gpu_available() -> bool:
-    """True when at least one CUDA GPU is usable here."""
-    return gpu_count() > 0
-
-
-def check_flag(name: str, value: Any, allow_none: bool = False) -> None:
-    """Raise :class:`CourseInputError` unless ``value`` is True or False (or None with ``allow_none``): a flag
-    such as ``use_gpu`` given as ``"yes"`` or ``1`` is a mistake, not a truthy value."""
-    if value is None and allow_none:
-        return
-    if not isinstance(value, bool):
-        extra = ", or None to use a GPU when there is one" if allow_none else ""
-        raise CourseInputError(f"{name}={value!r}: pass True or False{extra}.")
-
-
 def accelerator_for(use_gpu: bool | None, cuda_count: int | None = None) -> str:
-    """The Lightning accelerator for ``use_gpu``: ``"gpu"`` or ``"cpu"``.
+    """The Lightning accelerator for ``use_gpu``, for ``Trainer(accelerator=...)``.
 
-    ``use_gpu=None`` picks ``"gpu"`` when a GPU is visible. ``use_gpu=True`` without a GPU raises
-    :class:`CourseInputError` (a run meant for GPUs should not quietly take hours on the CPU). ``cuda_count``
-    overrides the detected number of GPUs (for tests).
+    Args:
+        use_gpu: True for a GPU, False for the CPU, None for a GPU when one is visible.
+        cuda_count: the number of GPUs to assume instead of detecting them (for tests).
+
+    Returns:
+        ``"gpu"`` or ``"cpu"``.
+
+    Raises:
+        CourseInputError: ``use_gpu`` is not a flag, or is True on a machine without a GPU (a run meant for GPUs
+            should not quietly take hours on the CPU).
     """
     check_flag("use_gpu", use_gpu, allow_none=True)
     count = gpu_count() if cuda_count is None else cuda_count
@@ -81,16 +60,23 @@ def accelerator_for(use_gpu: bool | None, cuda_count: int | None = None) -> str:
 
 
 def device_for_local_rank(local_rank: int, use_gpu: bool, cuda_count: int | None = None):
-    """The ``torch.device`` of the process with index ``local_rank`` on its machine: ``cuda:<local_rank>`` on GPU
-    (one GPU per process), the CPU otherwise.
+    """The ``torch.device`` of the process with index ``local_rank`` on its machine (one GPU per process).
 
-    Raises :class:`CourseInputError` when ``local_rank`` has no GPU of its own (more processes on this machine
-    than GPUs: e.g. ``HorovodRunner(np=-4)`` on a 2-GPU node). ``cuda_count`` overrides detection (for tests).
+    Args:
+        local_rank: the process's index on its machine, 0, 1, ...
+        use_gpu: True for ``cuda:<local_rank>``, False for the CPU.
+        cuda_count: the number of GPUs to assume instead of detecting them (for tests).
+
+    Returns:
+        ``torch.device("cuda", local_rank)`` or ``torch.device("cpu")``.
+
+    Raises:
+        CourseInputError: a bad argument, or ``local_rank`` has no GPU of its own (more processes on this machine
+            than GPUs, e.g. ``HorovodRunner(np=-4)`` on a 2-GPU node).
     """
     import torch
 
-    if isinstance(local_rank, bool) or not isinstance(local_rank, int) or local_rank < 0:
-        raise CourseInputError(f"local_rank={local_rank!r}: pass the process's index on its machine, 0, 1, ...")
+    whole_number("local_rank", local_rank, minimum=0, hint="The process's index on its machine.")
     check_flag("use_gpu", use_gpu)
     if not use_gpu:
         return torch.device("cpu")
@@ -110,14 +96,26 @@ def _bf16_supported(use_gpu: bool) -> bool:
         return True
     try:
         return bool(torch.cuda.is_bf16_supported())
-    except (AssertionError, RuntimeError):
+    except (AssertionError, RuntimeError):  # torch without CUDA asserts; a broken driver raises
         return False
 
 
 def precision_for(mixed_precision: bool, use_gpu: bool, bf16: bool | None = None) -> str:
-    """``Trainer(precision=...)``: ``"32-true"`` without mixed precision; with it, ``"bf16-mixed"`` where bfloat16
-    is supported (the CPU, Ampere and newer GPUs such as A100/H100) and ``"16-mixed"`` (float16 with a gradient
-    scaler) on older GPUs such as the T4 or V100. ``bf16`` overrides the detection (for tests)."""
+    """``Trainer(precision=...)`` for a run with or without automatic mixed precision.
+
+    Args:
+        mixed_precision: whether to train with 16-bit automatic mixed precision.
+        use_gpu: whether the run is on a GPU.
+        bf16: whether bfloat16 is supported, instead of detecting it (for tests).
+
+    Returns:
+        ``"32-true"`` without mixed precision; with it, ``"bf16-mixed"`` where bfloat16 is supported (the CPU,
+        Ampere and newer GPUs such as A100/H100), else ``"16-mixed"`` (float16 with a gradient scaler, on older
+        GPUs such as the T4 or V100).
+
+    Raises:
+        CourseInputError: ``mixed_precision`` or ``use_gpu`` is not True or False.
+    """
     check_flag("mixed_precision", mixed_precision)
     check_flag("use_gpu", use_gpu)
     if not mixed_precision:
@@ -127,10 +125,13 @@ def precision_for(mixed_precision: bool, use_gpu: bool, bf16: bool | None = None
 
 
 def horovod_gpu_support() -> dict[str, bool]:
-    """What the installed Horovod can do with GPUs: ``{"installed", "cuda", "nccl", "gloo"}``.
+    """What the installed Horovod can do with GPUs.
 
     GPU training with Horovod needs ``cuda`` and ``nccl``: build it with ``make setup GPU=1`` on a machine with
     CUDA and NCCL (``scripts/install_horovod.sh`` sets ``HOROVOD_GPU_OPERATIONS=NCCL``).
+
+    Returns:
+        ``{"installed", "cuda", "nccl", "gloo"}``, each True or False.
     """
     try:
         import horovod.torch as hvd
@@ -145,7 +146,11 @@ def horovod_gpu_support() -> dict[str, bool]:
 
 
 def describe_devices() -> str:
-    """One line about this machine's GPUs, e.g. ``2 GPU(s): NVIDIA T4 (15 GiB), ...`` or ``no GPU (CPU only)``."""
+    """One line about this machine's GPUs.
+
+    Returns:
+        e.g. ``2 GPU(s): NVIDIA T4 (15 GiB), ...; torch 2.x, CUDA 12.x`` or ``no GPU (CPU only; torch 2.x)``.
+    """
     import torch
 
     count = gpu_count()

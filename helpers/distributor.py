@@ -47,10 +47,11 @@ from typing import Any
 import cloudpickle
 
 from helpers import CourseInputError
-from helpers.devices import check_flag, precision_for
+from helpers.devices import precision_for
 from helpers.horovod_runner import JOB_DIR_ENV, fail_open_mlflow_runs
 from helpers.spark import check_gpu_per_task, configure_python_env
 from helpers.training import TrainResult
+from helpers.validation import check_flag
 from helpers.workdir import ENV_VAR, work_dir, work_path
 
 __all__ = [
