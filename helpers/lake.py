@@ -1,8 +1,7 @@
 """The data lake: image files -> a Delta table, read back through its snapshot, with history and time travel.
 
-Spark reads the files with its ``binaryFile`` source. The Delta table is written with Spark's own Delta support
-where the cluster has it (Databricks), and otherwise with delta-rs (``deltalake``), which needs no JVM jars.
-Reads always go through the table's snapshot (current or ``version``), never through a glob of its folder.
+Spark reads the files (``binaryFile``); the table is written by Spark's own Delta support where the cluster has it
+(Databricks), else by delta-rs (``deltalake``, no JVM jars). Reads go through a snapshot, never a folder glob.
 """
 
 from __future__ import annotations
@@ -18,7 +17,18 @@ import pyarrow as pa
 
 from helpers import CourseInputError
 from helpers.data import IMAGE_EXTENSIONS, class_folders
+from helpers.validation import one_of, whole_number
 from helpers.workdir import work_dir
+
+__all__ = [
+    "IngestReport",
+    "default_table_path",
+    "ingest_images",
+    "read_images",
+    "read_table",
+    "table_history",
+    "write_table",
+]
 
 LAKE_SCHEMA = pa.schema(
     [
@@ -34,7 +44,16 @@ LAKE_SCHEMA = pa.schema(
 
 @dataclass
 class IngestReport:
-    """What an ingest wrote: table path and version, rows, class names, and files it skipped."""
+    """What an ingest wrote: table path and version, rows, class names, and files it skipped.
+
+    Attributes:
+        table_path: the Delta table's folder.
+        version: the table version the ingest committed.
+        rows: images in that version.
+        class_names: the class folder names, sorted (position = ``label_index``).
+        skipped_non_images: files that are not .jpg/.jpeg/.png.
+        skipped_corrupt: image files that could not be decoded.
+    """
 
     table_path: str
     version: int
@@ -52,20 +71,30 @@ class IngestReport:
 
 
 def default_table_path(data_dir: str | os.PathLike, work: str | os.PathLike | None = None) -> Path:
-    """Where the lake table for an image folder lives: ``<work>/lake/<folder name>-<short hash of its path>``."""
+    """Where the lake table for an image folder lives.
+
+    Args:
+        data_dir: the image folder.
+        work: the work directory (default: :func:`~helpers.workdir.work_dir`).
+
+    Returns:
+        ``<work>/lake/<folder name>-<short hash of its resolved path>``.
+    """
     resolved = str(Path(data_dir).resolve())
     digest = hashlib.sha1(resolved.encode()).hexdigest()[:8]
     return work_dir(work) / "lake" / f"{Path(resolved).name}-{digest}"
 
 
-def has_native_delta(spark) -> bool:
+def _has_native_delta(spark) -> bool:
     """True when Spark itself can read and write Delta (Databricks, or a cluster with the Delta jars)."""
-    try:
-        from py4j.java_gateway import JavaClass
+    from py4j.java_gateway import JavaClass
+    from py4j.protocol import Py4JError
 
-        return isinstance(spark._jvm.io.delta.tables.DeltaTable, JavaClass)
-    except Exception:  # noqa: BLE001 - a Spark Connect session or no JVM view: no native Delta
+    try:
+        delta_table = spark._jvm.io.delta.tables.DeltaTable
+    except (AttributeError, Py4JError):  # Spark Connect has no JVM view; a locked-down cluster refuses Py4J calls
         return False
+    return isinstance(delta_table, JavaClass)
 
 
 def _image_size(content: bytes) -> tuple[int, int] | None:
@@ -76,11 +105,11 @@ def _image_size(content: bytes) -> tuple[int, int] | None:
         with Image.open(io.BytesIO(content)) as image:
             image.load()
             return image.size
-    except Exception:  # noqa: BLE001 - any decoding failure means a corrupt file
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):  # how Pillow reports a bad file
         return None
 
 
-def image_sizes(contents: pd.Series) -> pd.DataFrame:
+def _image_sizes(contents: pd.Series) -> pd.DataFrame:
     """Decode each image's bytes; width and height, or nulls for corrupt images (used as a pandas UDF)."""
     sizes = [_image_size(c) for c in contents]
     return pd.DataFrame(
@@ -92,11 +121,20 @@ def image_sizes(contents: pd.Series) -> pd.DataFrame:
 
 
 def read_images(spark, data_dir: str | os.PathLike):
-    """Read an image folder into a DataFrame (path, label, label_index, content, width, height).
+    """Read an image folder into a cached DataFrame (path, label, label_index, content, width, height).
 
     Labels come from the class folder names; ``label_index`` is the position in the sorted class names, so it is
     stable across runs. Files that are not .jpg/.jpeg/.png are skipped; corrupt images are skipped and counted.
-    Returns ``(df, class_names, skipped_non_images, skipped_corrupt)``.
+
+    Args:
+        spark: the SparkSession.
+        data_dir: an image folder, one sub-folder of images per class.
+
+    Returns:
+        ``(df, class_names, skipped_non_images, skipped_corrupt)``; ``df.unpersist()`` when done with it.
+
+    Raises:
+        CourseInputError: the folder is not an image folder, or fewer than two classes have readable images.
     """
     from pyspark.sql import functions as F
     from pyspark.sql.types import IntegerType, StructField, StructType
@@ -110,7 +148,7 @@ def read_images(spark, data_dir: str | os.PathLike):
     skipped_non_images = int(counts["other"] or 0)
 
     size_schema = StructType([StructField("width", IntegerType()), StructField("height", IntegerType())])
-    sizes = F.pandas_udf(image_sizes, returnType=size_schema)
+    sizes = F.pandas_udf(_image_sizes, returnType=size_schema)
     label = F.element_at(F.split("path", "/"), -2)
     mapping = F.create_map(*[item for i, name in enumerate(classes) for item in (F.lit(name), F.lit(i))])
     decoded = (
@@ -133,44 +171,85 @@ def read_images(spark, data_dir: str | os.PathLike):
 
 
 def write_table(spark, df, table_path: str | os.PathLike, mode: str = "overwrite") -> int:
-    """Write a DataFrame with the lake schema as a new version of the Delta table; returns that version.
+    """Write a DataFrame with the lake schema as a new version of the Delta table.
 
     The commit is atomic: if anything fails, the previous version stays the current one.
-    """
-    if mode not in ("overwrite", "append"):
-        raise CourseInputError(f"write_table mode '{mode}' is not supported: use 'overwrite' or 'append'.")
-    path = str(table_path)
-    if has_native_delta(spark):
-        df.write.format("delta").mode(mode).save(path)
-        return int(spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()["version"])
-    from deltalake import DeltaTable, write_deltalake
 
-    pdf = df.select(*LAKE_SCHEMA.names).toPandas()
-    write_deltalake(path, pa.Table.from_pandas(pdf, schema=LAKE_SCHEMA, preserve_index=False), mode=mode)
-    return DeltaTable(path).version()
+    Args:
+        spark: the SparkSession.
+        df: a DataFrame with the lake's columns (as :func:`read_images` or :func:`read_table` return).
+        table_path: the Delta table's folder (created by the first write).
+        mode: ``"overwrite"`` (the new version holds ``df`` only) or ``"append"``.
+
+    Returns:
+        The version written.
+
+    Raises:
+        CourseInputError: ``mode`` is neither ``"overwrite"`` nor ``"append"``.
+    """
+    one_of("mode", mode, ("overwrite", "append"))
+    path = str(table_path)
+    if _has_native_delta(spark):
+        df.write.format("delta").mode(mode).save(path)
+    else:
+        from deltalake import write_deltalake
+
+        pdf = df.select(*LAKE_SCHEMA.names).toPandas()
+        write_deltalake(path, pa.Table.from_pandas(pdf, schema=LAKE_SCHEMA, preserve_index=False), mode=mode)
+    return _latest_version(spark, path)
+
+
+def _delta_rs_table(path: str):
+    """The delta-rs ``DeltaTable`` at ``path``, at its current version."""
+    from deltalake import DeltaTable
+
+    if not DeltaTable.is_deltatable(path):
+        raise CourseInputError(f"No Delta table at '{path}': ingest the images first (ingest_images).")
+    return DeltaTable(path)
+
+
+def _latest_version(spark, path: str) -> int:
+    """The table's current version."""
+    if _has_native_delta(spark):
+        return int(spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()["version"])
+    return _delta_rs_table(path).version()
 
 
 def read_table(spark, table_path: str | os.PathLike, version: int | None = None):
-    """Read the Delta table's current snapshot (or ``version``, time travel) as a Spark DataFrame."""
+    """Read the Delta table's current snapshot, or an earlier version (time travel), as a Spark DataFrame.
+
+    Args:
+        spark: the SparkSession.
+        table_path: the Delta table's folder.
+        version: the version to read; None for the current one.
+
+    Returns:
+        A DataFrame with the lake's columns.
+
+    Raises:
+        CourseInputError: there is no Delta table at ``table_path``, or it has no version ``version``.
+    """
     path = str(table_path)
-    if has_native_delta(spark):
+    latest = _latest_version(spark, path)
+    if version is not None:
+        version = whole_number("version", version, minimum=0, hint="See table_history() for the table's versions.")
+        if version > latest:
+            raise CourseInputError(
+                f"Delta table '{path}' has no version {version}: its latest is {latest} (see table_history())."
+            )
+    if _has_native_delta(spark):
         reader = spark.read.format("delta")
         if version is not None:
             reader = reader.option("versionAsOf", version)
         return reader.load(path)
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
-    try:
-        table = DeltaTable(path, version=version)
-    except TableNotFoundError as err:
-        raise CourseInputError(f"No Delta table at '{path}': ingest the images first (ingest_images).") from err
-    except Exception as err:  # noqa: BLE001 - delta-rs reports an unknown version with a generic error
-        raise CourseInputError(f"Delta table '{path}' has no version {version}: see table_history().") from err
+    table = _delta_rs_table(path)
+    if version is not None:
+        table.load_as_version(version)
     return spark.read.schema(_spark_schema()).parquet(*table.file_uris())
 
 
 def _spark_schema():
+    """:data:`LAKE_SCHEMA` as a Spark schema."""
     from pyspark.sql.types import BinaryType, IntegerType, StringType, StructField, StructType
 
     types = {pa.string(): StringType(), pa.int32(): IntegerType(), pa.binary(): BinaryType()}
@@ -178,15 +257,23 @@ def _spark_schema():
 
 
 def table_history(spark, table_path: str | os.PathLike) -> pd.DataFrame:
-    """The table's commits, newest first: version, timestamp, operation and its parameters."""
+    """The table's commits, newest first.
+
+    Args:
+        spark: the SparkSession.
+        table_path: the Delta table's folder.
+
+    Returns:
+        One row per commit: ``version``, ``timestamp`` (UTC), ``operation`` and ``operationParameters``.
+
+    Raises:
+        CourseInputError: there is no Delta table at ``table_path`` (delta-rs).
+    """
     path = str(table_path)
-    if has_native_delta(spark):
+    if _has_native_delta(spark):
         history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").toPandas()
         return history[["version", "timestamp", "operation", "operationParameters"]]
-    from deltalake import DeltaTable
-
-    rows = DeltaTable(path).history()
-    history = pd.DataFrame(rows)
+    history = pd.DataFrame(_delta_rs_table(path).history())
     history["timestamp"] = pd.to_datetime(history["timestamp"], unit="ms", utc=True)
     return history[["version", "timestamp", "operation", "operationParameters"]]
 
@@ -195,6 +282,17 @@ def ingest_images(spark, data_dir: str | os.PathLike, table_path: str | os.PathL
     """Read an image folder with Spark and write it as a new version of its Delta table.
 
     Everything is validated before the write, so bad input leaves the previous version current and readable.
+
+    Args:
+        spark: the SparkSession.
+        data_dir: an image folder, one sub-folder of images per class.
+        table_path: the Delta table's folder (default: :func:`default_table_path`).
+
+    Returns:
+        What was written, as an :class:`IngestReport`.
+
+    Raises:
+        CourseInputError: the folder is not an image folder, or fewer than two classes have readable images.
     """
     path = Path(table_path) if table_path else default_table_path(data_dir)
     df, classes, non_images, corrupt = read_images(spark, data_dir)

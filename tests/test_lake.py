@@ -80,5 +80,16 @@ def test_history_and_time_travel_after_a_second_write(spark, tmp_path: Path):
     assert list(history["version"]) == [1, 0]
     assert read_table(spark, table).count() == 4
     assert read_table(spark, table, version=0).count() == 6
-    with pytest.raises(CourseInputError, match="no version 7"):
+    with pytest.raises(CourseInputError, match="has no version 7: its latest is 1"):
         read_table(spark, table, version=7)
+    for bad in (-1, True, "0"):
+        with pytest.raises(CourseInputError, match=r"^version=.*: pass a whole number of at least 0\."):
+            read_table(spark, table, version=bad)
+
+
+def test_a_missing_table_is_a_clear_error(spark, tmp_path: Path):
+    for read in (read_table, table_history):
+        with pytest.raises(CourseInputError, match="^No Delta table at .*: ingest the images first"):
+            read(spark, tmp_path / "nothing here")
+    with pytest.raises(CourseInputError, match="^mode='merge': use one of 'overwrite', 'append'"):
+        write_table(spark, None, tmp_path / "t", mode="merge")
