@@ -3,7 +3,6 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 SETUP_DONE := .venv/.setup-done
 GPU ?= 0
-NOTEBOOKS := $(wildcard solutions/[0-9][0-9]_*.ipynb)
 
 .PHONY: setup course lint test test-fast lessons lab mlflow clean bench
 
@@ -22,12 +21,7 @@ $(SETUP_DONE): requirements.txt pyproject.toml scripts/install_horovod.sh
 
 # Executes every solution notebook on the embedded data into build/ (the environment check first).
 course: setup
-	@mkdir -p build
-	@for nb in $(NOTEBOOKS); do \
-	  echo "== $$nb"; \
-	  $(PY) -m papermill --kernel python3 --log-level WARNING "$$nb" "build/$$(basename $$nb)" || exit 1; \
-	done
-	@echo "Executed notebooks are in build/."
+	$(PY) -m helpers.course run --params params/laptop.yaml --out build
 
 # ruff's lint and format check (configured in pyproject.toml); part of both test targets.
 lint: setup

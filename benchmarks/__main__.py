@@ -75,10 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         results += bench.run(args.repeats, log=log)
     missing = []
     if "course" in parts:
-        from benchmarks.course_timing import CourseBench, solution_notebooks
+        from benchmarks.course_timing import CourseBench
+        from helpers.course.build import solution_notebooks
 
         log("== 4. the course")
-        available = solution_notebooks()
+        available = [path.name for path in solution_notebooks()]
         if args.notebooks == "all":
             notebooks = available
         elif args.notebooks == "none":

@@ -11,7 +11,6 @@ course order, each in a fresh kernel; ``make setup`` runs 5 times after one unre
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,6 +18,9 @@ from pathlib import Path
 import psutil
 
 from benchmarks.common import MIN_REPEATS, Measurement
+from helpers.course.build import SOLUTIONS_DIR
+from helpers.course.run import papermill_command
+from helpers.processes import process_tree
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_EVERY_S = 0.1
@@ -27,11 +29,7 @@ SAMPLE_EVERY_S = 0.1
 def _tree_rss(root: psutil.Process) -> tuple[int, int]:
     """(sum, largest) resident bytes over ``root`` and its descendants; processes that vanish are skipped."""
     total = largest = 0
-    try:
-        processes = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return 0, 0
-    for process in processes:
+    for process in process_tree(root.pid):
         try:
             rss = process.memory_info().rss
         except psutil.Error:
@@ -76,11 +74,6 @@ def run_sampled(command: list[str], cwd: Path = REPO, timeout: float = 600) -> d
     return {"wall_s": wall, "peak_tree_mib": peaks[0] / mib, "peak_process_mib": peaks[1] / mib}
 
 
-def solution_notebooks() -> list[str]:
-    """The solution notebooks' file names, in course order."""
-    return sorted(path.name for path in (REPO / "solutions").glob("[0-9][0-9]_*.ipynb"))
-
-
 class CourseBench:
     def __init__(self, notebooks: list[str], out_dir: Path, repeats: int = MIN_REPEATS) -> None:
         self.notebooks, self.out_dir, self.repeats = notebooks, out_dir, max(repeats, MIN_REPEATS)
@@ -106,19 +99,7 @@ class CourseBench:
     def notebook(self, name: str, log=print) -> dict[str, float]:
         out = self.out_dir / "notebooks"
         out.mkdir(parents=True, exist_ok=True)
-        run = run_sampled(
-            [
-                sys.executable,
-                "-m",
-                "papermill",
-                "--kernel",
-                "python3",
-                "--log-level",
-                "WARNING",
-                str(REPO / "solutions" / name),
-                str(out / name),
-            ]
-        )
+        run = run_sampled(papermill_command(SOLUTIONS_DIR / name, out / name))
         log(
             f"    {name}: {run['wall_s']:.0f} s, peak {run['peak_tree_mib']:.0f} MiB (tree), "
             f"{run['peak_process_mib']:.0f} MiB (one process)"

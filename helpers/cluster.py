@@ -36,14 +36,25 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
 from helpers import CourseInputError
-from helpers.spark import configure_python_env, find_java_home, get_spark
+from helpers.processes import kill_tree, process_tree, stop_processes
+from helpers.spark import configure_python_env, executor_count, find_java_home, get_spark
+from helpers.validation import whole_number
 from helpers.workdir import work_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+__all__ = [
+    "ClusterStartError",
+    "LocalCluster",
+    "alive_workers",
+    "executor_memory_mb",
+    "free_ports",
+    "master_state",
+    "parse_memory_mb",
+    "spark_class",
+]
 
 HOST = "127.0.0.1"
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
@@ -66,7 +77,14 @@ class ClusterStartError(RuntimeError):
 def parse_memory_mb(memory: str) -> int:
     """Megabytes in a Spark memory string such as ``"1g"``, ``"512m"`` or ``"2048MB"``.
 
-    Raises ``CourseInputError`` for anything else (a bare number is refused: Spark would read it as bytes).
+    Args:
+        memory: the size, a number and a unit (k, m, g or t, optionally followed by b).
+
+    Returns:
+        The size in whole megabytes.
+
+    Raises:
+        CourseInputError: anything else (a bare number too: Spark would read it as bytes).
     """
     match = _MEMORY_RE.match(memory) if isinstance(memory, str) else None
     if match is None:
@@ -75,13 +93,26 @@ def parse_memory_mb(memory: str) -> int:
 
 
 def executor_memory_mb(worker_mb: int) -> int:
-    """Executor heap for a worker of ``worker_mb`` MB: three quarters of it (room for the Python workers), at
-    least Spark's minimum of 450 MB."""
+    """Executor heap for a worker: three quarters of its memory (room for the Python workers), at least 450 MB.
+
+    Args:
+        worker_mb: the worker's memory in MB.
+
+    Returns:
+        The executor heap in MB (Spark refuses less than 450).
+    """
     return max(MIN_EXECUTOR_MB, worker_mb * 3 // 4)
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports that are free on 127.0.0.1 now (bound to port 0 together, then released)."""
+    """Distinct TCP ports that are free on 127.0.0.1 now (bound to port 0 together, then released).
+
+    Args:
+        count: how many ports.
+
+    Returns:
+        The port numbers.
+    """
     sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
     try:
         for sock in sockets:
@@ -93,18 +124,40 @@ def free_ports(count: int) -> list[int]:
 
 
 def master_state(ui_url: str, timeout: float = 2.0) -> dict[str, Any]:
-    """The master's state as its web UI reports it at ``<ui_url>/json/`` (workers, apps, status)."""
+    """The master's state as its web UI reports it at ``<ui_url>/json/``.
+
+    Args:
+        ui_url: the master's web UI, ``http://HOST:PORT``.
+        timeout: seconds to wait for the answer.
+
+    Returns:
+        The decoded JSON: ``workers``, ``activeapps``, ``status``...
+
+    Raises:
+        urllib.error.URLError: the web UI does not answer (not up yet, or gone).
+    """
     with urllib.request.urlopen(f"{ui_url.rstrip('/')}/json/", timeout=timeout) as response:
         return json.load(response)
 
 
 def alive_workers(state: dict[str, Any]) -> int:
-    """Number of workers in state ALIVE in a ``master_state`` answer."""
+    """How many workers a master counts as ALIVE.
+
+    Args:
+        state: a :func:`master_state` answer.
+
+    Returns:
+        The number of workers in state ALIVE.
+    """
     return sum(1 for worker in state.get("workers", []) if worker.get("state") == "ALIVE")
 
 
 def spark_class() -> Path:
-    """The ``bin/spark-class`` launcher shipped in the pyspark package."""
+    """The ``bin/spark-class`` launcher shipped in the pyspark package.
+
+    Returns:
+        Its path.
+    """
     import pyspark
 
     return Path(pyspark.__file__).resolve().parent / "bin" / "spark-class"
@@ -160,9 +213,8 @@ class LocalCluster:
         stop_timeout: float = 15.0,
         spark_conf: dict[str, str] | None = None,
     ) -> None:
-        for name, value in (("workers", workers), ("cores_per_worker", cores_per_worker)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise CourseInputError(f"{name}={value!r}: it must be a whole number of at least 1.")
+        workers = whole_number("workers", workers)
+        cores_per_worker = whole_number("cores_per_worker", cores_per_worker)
         self.worker_mb = parse_memory_mb(memory_per_worker)
         if self.worker_mb < MIN_WORKER_MB:
             raise CourseInputError(
@@ -194,7 +246,15 @@ class LocalCluster:
         self.stop()
 
     def start(self) -> LocalCluster:
-        """Start the master and workers (unless connecting to ``master_url``), then connect ``self.spark``."""
+        """Start the master and workers (unless connecting to ``master_url``), then connect ``self.spark``.
+
+        Returns:
+            This cluster.
+
+        Raises:
+            CourseInputError: it is already running.
+            ClusterStartError: a daemon exited, or the cluster was not complete after ``start_timeout``.
+        """
         if self.spark is not None:
             raise CourseInputError("This LocalCluster is already running: use its .spark, or stop() it first.")
         self._daemons = []
@@ -232,14 +292,32 @@ class LocalCluster:
         return [daemon.process.pid for daemon in self._daemons if daemon.name.startswith("worker")]
 
     def alive_workers(self) -> int:
-        """How many workers the master currently counts as ALIVE."""
+        """How many workers the master currently counts as ALIVE.
+
+        Returns:
+            The number of live workers.
+
+        Raises:
+            CourseInputError: this cluster only connected to a ``master_url`` (its web UI is unknown).
+        """
         if self.ui_url is None:
             raise CourseInputError("alive_workers() needs a cluster this LocalCluster started (no master_url).")
         return alive_workers(master_state(self.ui_url))
 
     def kill_worker(self, index: int) -> int:
-        """SIGKILL worker ``index`` (0-based) with its executor JVM and Python workers, as a crashed machine would
-        die; returns the worker's pid. The master notices the lost connection and marks the worker DEAD."""
+        """SIGKILL a worker with its executor JVM and Python workers, as a crashed machine would die.
+
+        The master notices the lost connection and marks the worker DEAD.
+
+        Args:
+            index: the worker, 0-based.
+
+        Returns:
+            The killed worker's pid.
+
+        Raises:
+            CourseInputError: no such worker, or it is not running.
+        """
         worker_pids = self.worker_pids()
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(worker_pids):
             raise CourseInputError(
@@ -251,16 +329,25 @@ class LocalCluster:
             raise CourseInputError(
                 f"kill_worker({index}): that worker is not running (killed before, or the cluster stopped)."
             )
-        tree = _process_tree(daemon.process.pid)
-        for proc in tree:
-            _signal(proc, signal.SIGKILL)
-        psutil.wait_procs(tree, timeout=self.stop_timeout)
+        kill_tree(daemon.process.pid, timeout=self.stop_timeout)
         daemon.process.wait(timeout=self.stop_timeout)
         return daemon.process.pid
 
     def restart_worker(self, index: int) -> int:
-        """Start worker ``index`` again after ``kill_worker(index)`` (a replacement machine joins); return once it
-        has registered and the application has its executor on it again. Returns the new worker's pid."""
+        """Start a worker again after ``kill_worker(index)``, as a replacement machine joins.
+
+        Returns once it has registered and the application has its executor on it again.
+
+        Args:
+            index: the worker, 0-based.
+
+        Returns:
+            The new worker's pid.
+
+        Raises:
+            CourseInputError: the cluster is not running, there is no such worker, or it is still running.
+            ClusterStartError: the worker or its executor did not come up within ``start_timeout``.
+        """
         worker_pids = self.worker_pids()
         valid = isinstance(index, int) and not isinstance(index, bool) and 0 <= index < len(worker_pids)
         if self.spark is None or not valid:
@@ -412,8 +499,7 @@ class LocalCluster:
     def _wait_for_executors(self, spark: SparkSession) -> None:
         """Wait until the application has one executor per worker, so the first job already spreads over all."""
         deadline = time.monotonic() + self.start_timeout
-        # getExecutorInfos() lists the driver too.
-        while len(spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()) < self.workers + 1:
+        while executor_count(spark) < self.workers:
             if time.monotonic() > deadline:
                 where = f"the executor logs under {self.log_dir}" if self.log_dir else "its free cores and memory"
                 raise ClusterStartError(
@@ -428,33 +514,14 @@ class LocalCluster:
         Groups are signalled only while their leader is unreaped, so a reused pid can never be hit.
         """
         daemons = [daemon for daemon in self._daemons if daemon.process.returncode is None]
-        tree = [proc for daemon in reversed(daemons) for proc in _process_tree(daemon.process.pid)]
+        tree = [proc for daemon in reversed(daemons) for proc in process_tree(daemon.process.pid)]
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for daemon in reversed(daemons):
                 if daemon.process.poll() is None:
                     _signal_group(daemon.process.pid, sig)
-            for proc in tree:
-                _signal(proc, sig)
-            _, tree = psutil.wait_procs(tree, timeout=self.stop_timeout)
+            tree = stop_processes(tree, self.stop_timeout, (sig,))
         for daemon in daemons:
             daemon.process.wait(timeout=self.stop_timeout)
-
-
-def _process_tree(pid: int) -> list[psutil.Process]:
-    """The process ``pid`` and all its descendants (the Python daemons start their own process groups)."""
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _signal(proc: psutil.Process, sig: int) -> None:
-    """Send ``sig`` to ``proc`` unless it is already gone."""
-    try:
-        proc.send_signal(sig)
-    except psutil.NoSuchProcess:
-        pass
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -15,12 +15,12 @@ from helpers.course.build import (
     bound_names,
     build_lesson,
     check_ids,
-    main,
     problems,
     read_notebook,
     strip_solutions,
     structure,
 )
+from helpers.course.cli import main
 from helpers.workdir import REPO_ROOT
 
 FIXTURE = REPO_ROOT / "tests" / "fixtures" / "solutions" / "99_course_fixture.ipynb"

@@ -114,7 +114,7 @@ def test_a_class_grades_to_the_right_statuses(tmp_path):
     expected = submissions_folder(tmp_path / "submissions")
     out = tmp_path / "out" / "grades.csv"
     result = subprocess.run(
-        [sys.executable, "-m", "helpers.course.grade", str(tmp_path / "submissions"), "--out", str(out),
+        [sys.executable, "-m", "helpers.course", "grade", str(tmp_path / "submissions"), "--out", str(out),
          "--solutions", str(FIXTURE.parent), "--timeout", "25"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -195,7 +195,7 @@ def test_match_lesson_by_metadata_then_longest_name():
 )
 def test_bad_input_is_one_line(tmp_path, args, message):
     result = subprocess.run(
-        [sys.executable, "-m", "helpers.course.grade", *(a.format(tmp=tmp_path) for a in args)],
+        [sys.executable, "-m", "helpers.course", "grade", *(a.format(tmp=tmp_path) for a in args)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 2

@@ -21,7 +21,6 @@ import pytest
 
 from helpers.course.build import (
     PARAMETERS_TAG,
-    SOLUTIONS_DIR,
     build_lesson,
     problems,
     read_notebook,
@@ -29,12 +28,13 @@ from helpers.course.build import (
     structure,
 )
 from helpers.course.checks import LOG_ENV, NOT_ATTEMPTED, PASSED
-from helpers.course.grade import allow_errors, check_records, execute
+from helpers.course.grade import allow_errors, check_records
+from helpers.course.run import execute, papermill_command
 from helpers.workdir import REPO_ROOT
 
 FIXTURE = REPO_ROOT / "tests" / "fixtures" / "solutions" / "99_course_fixture.ipynb"
 SANITIZER = REPO_ROOT / "tests" / "nbval_sanitize.cfg"
-SOLUTIONS = solution_notebooks(SOLUTIONS_DIR)
+SOLUTIONS = solution_notebooks()
 SLACK = 4  # a notebook may take this many times its measured `ci_seconds` on a loaded CI machine before it fails
 DEFAULT_CI_SECONDS = 60
 
@@ -77,10 +77,11 @@ def run_once(notebook: Path, work: Path, scratch: Path) -> tuple[subprocess.Comp
     check records it logged."""
     prepared, log = scratch / notebook.name, scratch / "checks.jsonl"
     subprocess.run(
-        [sys.executable, "-m", "papermill", str(notebook), str(prepared), "--prepare-only",
-         "-p", "WORK_DIR", str(work), "--log-level", "WARNING"],
-        check=True, capture_output=True, cwd=notebook.parent,
-    )  # fmt: skip
+        papermill_command(notebook, prepared, parameters={"WORK_DIR": str(work)}, prepare_only=True),
+        check=True,
+        capture_output=True,
+        cwd=notebook.parent,
+    )
     env = {**os.environ, "COURSE_WORK_DIR": str(work), LOG_ENV: str(log)}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-sanitize-with", str(SANITIZER),
@@ -163,7 +164,8 @@ def test_lesson_reports_every_exercise_not_attempted(notebook, course_work_dir, 
     lesson = checks_only(build_lesson(solution, notebook.stem), solution)
     source, output = tmp_path / "lesson.ipynb", tmp_path / "executed.ipynb"
     nbformat.write(lesson, source)
-    run = execute(source, output, cwd=notebook.parent, work_dir=course_work_dir, timeout=timeout_for(notebook))
+    params = {"WORK_DIR": str(course_work_dir)}
+    run = execute(source, output, parameters=params, cwd=notebook.parent, timeout=timeout_for(notebook))
     assert not run.timed_out, run.log_tail
     statuses = {record["exercise"]: record["status"] for record in check_records(read_notebook(output))}
     assert statuses == dict.fromkeys(exercise_ids(notebook), NOT_ATTEMPTED)

@@ -16,12 +16,13 @@ import pytest
 import yaml
 
 from helpers import CourseInputError
-from helpers.course.build import SOLUTIONS_DIR
-from helpers.course.run import declared_parameters, load_params, main, resolve_all, select
+from helpers.course.build import solution_notebooks
+from helpers.course.cli import main
+from helpers.course.run import declared_parameters, load_params, resolve_all, select
 from helpers.workdir import REPO_ROOT
 
 PARAM_FILES = sorted((REPO_ROOT / "params").glob("*.yaml"))
-SOLUTIONS = sorted(SOLUTIONS_DIR.glob("*.ipynb"))
+SOLUTIONS = solution_notebooks()
 CLUSTER_FILES = [p for p in PARAM_FILES if p.stem != "laptop"]
 
 
@@ -116,7 +117,7 @@ def test_readme_names_the_files_and_the_command():
     readme = (REPO_ROOT / "README.md").read_text()
     for path in PARAM_FILES:
         assert f"params/{path.name}" in readme
-    assert "python -m helpers.course.run --params" in readme
+    assert "python -m helpers.course run --params" in readme
     assert "docs/instructor.md" in readme
 
 
@@ -136,7 +137,7 @@ def _resolve(path: Path, overrides=None):
 def test_unknown_file_is_a_clear_error(tmp_path):
     with pytest.raises(CourseInputError, match="no parameter file"):
         load_params(tmp_path / "nope.yaml")
-    assert main(["--params", str(tmp_path / "nope.yaml"), "--check"]) == 2
+    assert main(["run", "--params", str(tmp_path / "nope.yaml"), "--check"]) == 2
 
 
 @pytest.mark.parametrize(
@@ -205,10 +206,8 @@ def test_only_selects_by_prefix_and_rejects_unknown():
 
 
 def test_check_prints_what_each_notebook_gets(capsys):
-    assert (
-        main(["--params", str(REPO_ROOT / "params" / "laptop.yaml"), "--check", "--only", "02", "-p", "MAX_EPOCHS=1"])
-        == 0
-    )
+    laptop = str(REPO_ROOT / "params" / "laptop.yaml")
+    assert main(["run", "--params", laptop, "--check", "--only", "02", "-p", "MAX_EPOCHS=1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("02_lightning_refactor:") and "MAX_EPOCHS=1" in out
 
@@ -219,8 +218,8 @@ def test_instructor_guide_covers_the_topics():
         "T4",
         "64 GB",
         "make setup GPU=1",
-        "python -m helpers.course.run --params",
-        "python -m helpers.course.grade",
+        "python -m helpers.course run --params",
+        "python -m helpers.course grade",
         "grades.csv",
         "too few partitions",
         "Petastorm cache on the local disk",

@@ -3,10 +3,10 @@
 - :mod:`helpers.course.build`: ``lessons/`` generated from ``solutions/``, and the checks on both.
 - :mod:`helpers.course.checks`: the exercise checks the notebooks' check cells call.
 - :mod:`helpers.course.grade`: grading a class's submitted notebooks.
-- :mod:`helpers.course.run`: running the solutions with a parameter file (papermill).
+- :mod:`helpers.course.run`: running notebooks with papermill, and the solutions with a parameter file.
+- :mod:`helpers.course.cli`: the one command line, ``python -m helpers.course {build,grade,run} ...``.
 
-One command line, ``python -m helpers.course {build,grade,run} ...``. The domain modules never import this
-package (``tests/test_layout.py``).
+The domain modules (the rest of ``helpers``) never import this package: ``tests/test_layout.py``.
 """
 
-__all__ = ["build", "checks", "grade", "run"]
+__all__ = ["build", "checks", "cli", "grade", "run"]

@@ -1,8 +1,8 @@
-"""``python -m helpers.course build [--check]``."""
+"""``python -m helpers.course {build,grade,run} ...``: see :mod:`helpers.course.cli`."""
 
 import sys
 
-from helpers.course.build import main
+from helpers.course.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

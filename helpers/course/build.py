@@ -31,7 +31,7 @@ import ast
 import copy
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,8 +86,20 @@ def lesson_number(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def solution_notebooks(solutions_dir: Path) -> list[Path]:
-    """The solution notebooks in ``solutions_dir``, sorted; a missing folder is a :class:`CourseInputError`."""
+def solution_notebooks(solutions_dir: Path = SOLUTIONS_DIR) -> list[Path]:
+    """The course's notebooks, in course order: every ``*.ipynb`` of the solutions folder.
+
+    The one definition of "the solution notebooks" (the runner, the grader, the tests and the benchmarks use it).
+
+    Args:
+        solutions_dir: the folder (default ``solutions/``).
+
+    Returns:
+        Their paths, sorted by name.
+
+    Raises:
+        CourseInputError: there is no such folder.
+    """
     if not solutions_dir.is_dir():
         raise CourseInputError(f"no solutions folder at {display_path(solutions_dir)}")
     return sorted(solutions_dir.glob("*.ipynb"))
@@ -452,26 +464,32 @@ def check(solutions_dir: Path = SOLUTIONS_DIR, lessons_dir: Path = LESSONS_DIR) 
     return errors
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m helpers.course build [--check] [--solutions DIR] [--lessons DIR]``."""
-    parser = argparse.ArgumentParser(prog="python -m helpers.course", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    build_parser = commands.add_parser("build", help="write lessons/ from solutions/")
-    build_parser.add_argument("--check", action="store_true", help="only verify that lessons/ is up to date")
-    build_parser.add_argument("--solutions", type=Path, default=SOLUTIONS_DIR, help="solution notebooks folder")
-    build_parser.add_argument("--lessons", type=Path, default=LESSONS_DIR, help="generated lessons folder")
-    args = parser.parse_args(argv)
-    try:
-        errors = check(args.solutions, args.lessons) if args.check else build(args.solutions, args.lessons)
-    except CourseInputError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``build`` subcommand's options (``python -m helpers.course build --help``).
+
+    Args:
+        parser: the subcommand's parser.
+    """
+    parser.add_argument("--check", action="store_true", help="only verify that lessons/ is up to date")
+    parser.add_argument("--solutions", type=Path, default=SOLUTIONS_DIR, help="solution notebooks folder")
+    parser.add_argument("--lessons", type=Path, default=LESSONS_DIR, help="generated lessons folder")
+
+
+def command(args: argparse.Namespace) -> int:
+    """Run the ``build`` subcommand: write the lessons, or with ``--check`` only report what is wrong.
+
+    Args:
+        args: the options :func:`add_arguments` declared, parsed.
+
+    Returns:
+        The exit status: 0, or 1 if a problem was printed.
+
+    Raises:
+        CourseInputError: a missing solutions folder or an unreadable notebook.
+    """
+    errors = check(args.solutions, args.lessons) if args.check else build(args.solutions, args.lessons)
     for error in errors:
         print(f"error: {error}", file=sys.stderr)
     if args.check and not errors:
         print(f"lessons are up to date ({len(solution_notebooks(args.solutions))} notebooks)")
     return 1 if errors else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

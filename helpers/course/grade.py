@@ -1,4 +1,4 @@
-"""Grade a class's notebooks: ``python -m helpers.course.grade SUBMISSIONS_DIR --out grades.csv``.
+"""Grade a class's notebooks: ``python -m helpers.course grade SUBMISSIONS_DIR --out grades.csv``.
 
 Every ``*.ipynb`` under ``SUBMISSIONS_DIR`` is a submission (checkpoint and hidden folders are skipped); its name
 is its path relative to that folder, so both ``alice__01_data_lake_petastorm.ipynb`` and
@@ -25,9 +25,6 @@ import argparse
 import copy
 import csv
 import json
-import os
-import subprocess
-import sys
 import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -35,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
-import psutil  # ipykernel's dependency
 from nbformat import NotebookNode
 
 from helpers import CourseInputError
@@ -50,22 +46,13 @@ from helpers.course.build import (
     structure,
 )
 from helpers.course.checks import ERROR, MIMETYPE, NOT_ATTEMPTED, PASSED, format_line
+from helpers.course.run import execute
 
 DEFAULT_TIMEOUT_S = 600
-KERNEL_NAME = "python3"
 RAISES_TAG = "raises-exception"
 STATUSES = (PASSED, "failed", NOT_ATTEMPTED, ERROR)
 CSV_FIELDS = ("submission", "lesson", "exercise", "status", "detail", "optional")
 CHECK_IMPORT = "from helpers.course.checks import check  # the grader's: a `check` defined by the student is not used"
-
-
-@dataclass(frozen=True)
-class Execution:
-    """How a papermill run ended."""
-
-    returncode: int | None
-    timed_out: bool
-    log_tail: str
 
 
 @dataclass(frozen=True)
@@ -88,54 +75,6 @@ class Lesson:
     notebook: NotebookNode
     layout: Structure
     solution_dir: Path
-
-
-def _kill_tree(pid: int) -> None:
-    """Kill a process and all its descendants (the Jupyter kernel runs in a session of its own)."""
-    try:
-        parent = psutil.Process(pid)
-        family = [*parent.children(recursive=True), parent]
-    except psutil.NoSuchProcess:
-        return
-    for process in family:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(family, timeout=10)
-
-
-def execute(
-    source: Path,
-    output: Path,
-    *,
-    cwd: Path,
-    work_dir: Path,
-    timeout: float,
-) -> Execution:
-    """Run ``source`` with papermill (kernel ``python3``) in a subprocess, writing the executed ``output``.
-
-    ``WORK_DIR`` is passed as a parameter and as ``COURSE_WORK_DIR``; the whole run, kernel included, is killed
-    after ``timeout`` seconds (papermill saves after every cell, so ``output`` then holds what ran).
-    """
-    params = {"WORK_DIR": str(work_dir)}  # the other parameters' defaults are the CI settings
-    command = [
-        sys.executable, "-m", "papermill", str(source), str(output),
-        "--kernel", KERNEL_NAME, "--cwd", str(cwd), "--parameters_yaml", json.dumps(params),
-        "--no-progress-bar", "--log-level", "WARNING",
-    ]  # fmt: skip
-    env = {**os.environ, "COURSE_WORK_DIR": str(work_dir)}
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
-    ) as process:
-        try:
-            log, _ = process.communicate(timeout=timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            _kill_tree(process.pid)
-            log, _ = process.communicate()
-            timed_out = True
-    return Execution(process.returncode, timed_out, (log or "").strip()[-2000:])
 
 
 def allow_errors(nb: NotebookNode) -> NotebookNode:
@@ -324,7 +263,9 @@ def grade_submission(
     with tempfile.TemporaryDirectory(prefix="grade-", ignore_cleanup_errors=True) as tmp:
         source = Path(tmp) / "graded.ipynb"
         nbformat.write(graded, source)
-        run = execute(source, feedback, cwd=lesson.solution_dir, work_dir=Path(tmp) / "work", timeout=timeout)
+        # WORK_DIR only: the other parameters' defaults are the CI settings
+        params = {"WORK_DIR": str(Path(tmp) / "work")}
+        run = execute(source, feedback, parameters=params, cwd=lesson.solution_dir, timeout=timeout)
     executed = _read_output(feedback)
     found = _statuses(lesson, executed)
     if run.timed_out:
@@ -387,24 +328,32 @@ def grade(
     return grades
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m helpers.course.grade SUBMISSIONS_DIR --out grades.csv [--solutions DIR] [--timeout S]``."""
-    parser = argparse.ArgumentParser(prog="python -m helpers.course.grade", description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``grade`` subcommand's options (``python -m helpers.course grade --help``).
+
+    Args:
+        parser: the subcommand's parser.
+    """
     parser.add_argument("submissions", type=Path, help="folder of submitted notebooks (searched recursively)")
     parser.add_argument("--out", type=Path, required=True, help="CSV to write; feedback goes to <name>_feedback/")
     parser.add_argument("--solutions", type=Path, default=SOLUTIONS_DIR, help="solution notebooks folder")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per notebook")
-    args = parser.parse_args(argv)
+
+
+def command(args: argparse.Namespace) -> int:
+    """Run the ``grade`` subcommand: write the CSV and the feedback notebooks, print where they are.
+
+    Args:
+        args: the options :func:`add_arguments` declared, parsed.
+
+    Returns:
+        The exit status, 0.
+
+    Raises:
+        CourseInputError: a non-positive timeout, or see :func:`grade`.
+    """
     if args.timeout <= 0:
-        parser.error("--timeout must be positive")
-    try:
-        grades = grade(args.submissions, args.out, args.solutions, args.timeout)
-    except CourseInputError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        raise CourseInputError(f"--timeout {args.timeout:g}: pass a positive number of seconds per notebook.")
+    grades = grade(args.submissions, args.out, args.solutions, args.timeout)
     print(f"wrote {args.out} ({len(grades)} rows) and {args.out.parent / (args.out.stem + '_feedback')}/")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Run every solution notebook with papermill using one parameter file (laptop, GPU cluster, Databricks).
 
-    python -m helpers.course.run --params params/gpu_cluster.yaml [--out build/] [--only 02] [--check]
+    python -m helpers.course run --params params/gpu_cluster.yaml [--out build/] [--only 02] [--check]
 
 A parameter file is YAML with these top-level keys (all optional):
 
@@ -21,15 +21,20 @@ notebook would get. ``-p NAME=VALUE`` overrides the file for every notebook that
 The notebooks run in order (``00`` first: the environment check fails fast on a broken set-up), in the solutions
 folder as their working directory, and the executed copies go to ``--out``. The first failing notebook stops the
 run (``--keep-going`` runs the rest), and the exit status is non-zero if any failed.
+
+Every notebook execution of the course (this runner, the grader, the notebook tests, the benchmarks) goes through
+:func:`papermill_command`, and all but the benchmarks through :func:`execute`.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import json
 import logging
 import os
 import re
+import subprocess
 import sys
 import time
 import warnings
@@ -40,17 +45,27 @@ from typing import Any
 
 from helpers import CourseInputError
 from helpers.course.build import SOLUTIONS_DIR, display_path, solution_notebooks
+from helpers.processes import kill_tree
 
 __all__ = [
+    "DEFAULT_KERNEL",
     "Declared",
+    "Execution",
     "ParamFile",
+    "add_arguments",
+    "check_value",
+    "command",
     "declared_parameters",
+    "execute",
     "load_params",
-    "main",
     "notebook_parameters",
+    "papermill_command",
     "resolve_all",
     "run",
+    "select",
 ]
+
+DEFAULT_KERNEL = "python3"
 
 TOP_LEVEL = ("common", "runner", "description")
 RUNNER_KEYS = ("kernel", "cell_timeout_s", "env")
@@ -252,7 +267,7 @@ def load_params(path: str | os.PathLike, overrides: Mapping[str, Any] | None = N
         common=common,
         sections=sections,
         section_names=names,
-        kernel=str(runner.get("kernel", "python3")),
+        kernel=str(runner.get("kernel", DEFAULT_KERNEL)),
         cell_timeout_s=timeout,
         env={str(k): os.path.expandvars(str(v)) for k, v in env.items() if v is not None},
         overrides=dict(overrides or {}),
@@ -321,6 +336,111 @@ def select(notebooks: Sequence[Path], only: Sequence[str] | None) -> list[Path]:
     return chosen
 
 
+@dataclass(frozen=True)
+class Execution:
+    """How a notebook's papermill run ended."""
+
+    returncode: int | None
+    timed_out: bool
+    log_tail: str
+
+    @property
+    def failed(self) -> bool:
+        """The run timed out or exited non-zero (a cell raised, the kernel died)."""
+        return self.timed_out or self.returncode != 0
+
+
+def papermill_command(
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    *,
+    parameters: Mapping[str, Any] | None = None,
+    kernel: str = DEFAULT_KERNEL,
+    cwd: str | os.PathLike | None = None,
+    cell_timeout: float | None = None,
+    prepare_only: bool = False,
+) -> list[str]:
+    """The command line that runs papermill on a notebook with this interpreter.
+
+    Args:
+        source: the notebook to run.
+        output: where papermill writes the executed (or, with ``prepare_only``, parameterised) copy.
+        parameters: values injected after the ``parameters`` cell (any YAML-representable values).
+        kernel: the Jupyter kernel to run it in.
+        cwd: the kernel's working directory (default: papermill's, the current one).
+        cell_timeout: seconds a single cell may run (default: no limit).
+        prepare_only: only inject the parameters, execute nothing.
+
+    Returns:
+        The command, for ``subprocess``.
+    """
+    command = [sys.executable, "-m", "papermill", str(source), str(output), "--kernel", kernel]
+    if parameters:
+        command += ["--parameters_yaml", json.dumps(dict(parameters))]
+    if cwd is not None:
+        command += ["--cwd", str(cwd)]
+    if cell_timeout is not None:
+        command += ["--execution-timeout", str(int(cell_timeout))]
+    if prepare_only:
+        command.append("--prepare-only")
+    return [*command, "--no-progress-bar", "--log-level", "WARNING"]
+
+
+def execute(
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    *,
+    parameters: Mapping[str, Any] | None = None,
+    kernel: str = DEFAULT_KERNEL,
+    cwd: str | os.PathLike | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    cell_timeout: float | None = None,
+) -> Execution:
+    """Run a notebook with papermill in a process of its own (see :func:`papermill_command`).
+
+    A ``WORK_DIR`` parameter is also passed to the kernel as ``COURSE_WORK_DIR`` (unless ``env`` sets it), so
+    that what the helpers start from the notebook uses the same folder. Past ``timeout`` the whole run, kernel
+    included, is killed; papermill saves after every cell, so ``output`` then holds what ran.
+
+    Args:
+        source: the notebook to run.
+        output: where the executed copy goes.
+        parameters: values injected after the ``parameters`` cell.
+        kernel: the Jupyter kernel.
+        cwd: the kernel's working directory.
+        env: environment variables added for the run.
+        timeout: seconds for the whole notebook (default: no limit).
+        cell_timeout: seconds for one cell (default: no limit).
+
+    Returns:
+        How it ended, with the last 2000 characters of papermill's output.
+    """
+    extra = dict(env or {})
+    work = (parameters or {}).get("WORK_DIR")
+    if work is not None:
+        extra.setdefault("COURSE_WORK_DIR", str(work))
+    command = papermill_command(
+        source, output, parameters=parameters, kernel=kernel, cwd=cwd, cell_timeout=cell_timeout
+    )
+    with subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **extra},
+        start_new_session=True,  # the kernel and what it starts: one tree to kill
+    ) as process:
+        try:
+            log, _ = process.communicate(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            kill_tree(process.pid)
+            log, _ = process.communicate()
+            timed_out = True
+    return Execution(process.returncode, timed_out, (log or "").strip()[-2000:])
+
+
 def run(
     params_path: str | os.PathLike,
     out: str | os.PathLike = "build",
@@ -330,9 +450,23 @@ def run(
     check_only: bool = False,
     keep_going: bool = False,
 ) -> int:
-    """Check the parameters, then (unless ``check_only``) execute the notebooks; return the number that failed."""
-    import papermill
+    """Check the parameters against the solutions, print them, then (unless ``check_only``) run the notebooks.
 
+    Args:
+        params_path: the parameter file.
+        out: folder for the executed notebooks.
+        only: run only the notebooks whose name starts with one of these (``02``, ``03_horovod``); all if empty.
+        solutions: the solution notebooks' folder.
+        overrides: values that win over the file, for every notebook that declares them.
+        check_only: stop after checking and printing.
+        keep_going: run the remaining notebooks after a failure.
+
+    Returns:
+        How many notebooks failed.
+
+    Raises:
+        CourseInputError: a bad parameter file, override, ``only`` prefix or solutions folder.
+    """
     params = load_params(params_path, overrides)
     everything = solution_notebooks(Path(solutions))
     if not everything:
@@ -344,11 +478,6 @@ def run(
         print(f"{notebook.stem}: {shown}")
     if check_only:
         return 0
-    env = dict(params.env)
-    work = params.common.get("WORK_DIR")
-    if work and "COURSE_WORK_DIR" not in env:
-        env["COURSE_WORK_DIR"] = str(work)
-    os.environ.update(env)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     failed: list[str] = []
@@ -358,16 +487,15 @@ def run(
         target = out_dir / notebook.name
         print(f"== {notebook.stem} -> {target}", flush=True)
         started = time.monotonic()
-        try:
-            papermill.execute_notebook(
-                str(notebook), str(target), parameters=values, kernel_name=params.kernel, cwd=str(notebook.parent),
-                execution_timeout=params.cell_timeout_s, progress_bar=False, log_output=False,
-            )  # fmt: skip
-        except Exception as error:  # PapermillExecutionError and kernel deaths: report and decide
+        result = execute(
+            notebook, target, parameters=values, kernel=params.kernel, cwd=notebook.parent, env=params.env,
+            cell_timeout=params.cell_timeout_s,
+        )  # fmt: skip
+        if result.failed:
             failed.append(notebook.stem)
-            first = str(error).strip().splitlines()
+            last = result.log_tail.splitlines()
             print(
-                f"   FAILED after {time.monotonic() - started:.0f} s: {first[-1] if first else type(error).__name__}"
+                f"   FAILED after {time.monotonic() - started:.0f} s: {last[-1] if last else 'no output'}"
                 f" (the executed notebook, up to the failing cell, is {target})",
                 flush=True,
             )
@@ -397,8 +525,12 @@ def _override(text: str) -> tuple[str, Any]:
     return name.strip(), parsed
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m helpers.course.run", description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``run`` subcommand's options (``python -m helpers.course run --help``).
+
+    Args:
+        parser: the subcommand's parser.
+    """
     parser.add_argument("--params", required=True, help="parameter file (params/laptop.yaml, gpu_cluster.yaml, ...)")
     parser.add_argument("--out", default="build", help="folder for the executed notebooks (default build/)")
     parser.add_argument("--only", nargs="+", metavar="PREFIX", help="run only these notebooks: 02, 03_horovod, ...")
@@ -415,16 +547,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--check", action="store_true", help="check the parameters and print them; run nothing")
     parser.add_argument("--keep-going", action="store_true", help="run the remaining notebooks after a failure")
-    args = parser.parse_args(argv)
-    try:
-        failed = run(
-            args.params, args.out, args.only, args.solutions, dict(args.overrides), args.check, args.keep_going
-        )
-    except CourseInputError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+
+
+def command(args: argparse.Namespace) -> int:
+    """Run the ``run`` subcommand.
+
+    Args:
+        args: the options :func:`add_arguments` declared, parsed.
+
+    Returns:
+        The exit status: 0, or 1 if a notebook failed.
+
+    Raises:
+        CourseInputError: see :func:`run`.
+    """
+    failed = run(args.params, args.out, args.only, args.solutions, dict(args.overrides), args.check, args.keep_going)
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

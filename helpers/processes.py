@@ -1,0 +1,79 @@
+"""Process trees: a process with all its descendants, signalled and reaped together.
+
+The course starts processes that start their own (Spark's JVMs and Python daemons, Jupyter kernels, training
+workers); stopping one means stopping its whole tree, and waiting until it is gone.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterable
+
+import psutil
+
+__all__ = ["kill_tree", "process_tree", "signal_all", "stop_processes"]
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """The process ``pid`` and all its descendants, the root first.
+
+    Args:
+        pid: the root's process id.
+
+    Returns:
+        The processes, or an empty list if ``pid`` is gone.
+    """
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def signal_all(processes: Iterable[psutil.Process], sig: int) -> None:
+    """Send ``sig`` to each of ``processes``, skipping those already gone.
+
+    Args:
+        processes: the processes to signal.
+        sig: the signal number (``signal.SIGTERM``, ``signal.SIGKILL``...).
+    """
+    for process in processes:
+        try:
+            process.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def stop_processes(
+    processes: list[psutil.Process], timeout: float, signals: Iterable[int] = (signal.SIGTERM, signal.SIGKILL)
+) -> list[psutil.Process]:
+    """Send each of ``signals`` in turn to the processes still alive, waiting up to ``timeout`` seconds after each.
+
+    Args:
+        processes: the processes to stop (e.g. from :func:`process_tree`).
+        timeout: seconds to wait for them to exit after each signal.
+        signals: the signals to send, gentlest first.
+
+    Returns:
+        The processes still alive after the last signal (normally none).
+    """
+    alive = list(processes)
+    for sig in signals:
+        if not alive:
+            break
+        signal_all(alive, sig)
+        _, alive = psutil.wait_procs(alive, timeout=timeout)
+    return alive
+
+
+def kill_tree(pid: int, timeout: float = 10.0) -> list[psutil.Process]:
+    """SIGKILL the process ``pid`` and all its descendants, as a crash would, and wait for them.
+
+    Args:
+        pid: the root's process id (nothing happens if it is gone).
+        timeout: seconds to wait for the processes to exit.
+
+    Returns:
+        The processes still alive after ``timeout`` (normally none).
+    """
+    return stop_processes(process_tree(pid), timeout, (signal.SIGKILL,))
