@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import pytorch_lightning as pl
 
-from helpers.loaders import PetastormBatches
-from helpers.training import steps_per_epoch
+from helpers import CourseInputError
+from helpers.loaders import PetastormBatches, steps_per_epoch
+from helpers.validation import whole_number
+
+__all__ = ["PetastormDataModule"]
 
 
 class PetastormDataModule(pl.LightningDataModule):
@@ -17,6 +20,19 @@ class PetastormDataModule(pl.LightningDataModule):
 
     Training keeps one reader open and yields a fixed number of steps per epoch (the same on every device);
     validation reads the device's whole validation shard every epoch.
+
+    Args:
+        train_converter: the training rows (a Petastorm ``SparkDatasetConverter``).
+        val_converter: the validation rows.
+        batch_size: rows per device per step.
+        image_size: the side of the square images the batches hold.
+        device_id: this device's rank: it reads shard ``device_id`` of ``device_count``.
+        device_count: the devices training together.
+        workers_count: Petastorm reader threads per loader.
+
+    Raises:
+        CourseInputError: ``device_id`` is not one of ``0 .. device_count - 1``, or a count is not a whole number
+            of at least 1.
     """
 
     def __init__(
@@ -30,6 +46,11 @@ class PetastormDataModule(pl.LightningDataModule):
         workers_count: int = 2,
     ) -> None:
         super().__init__()
+        whole_number("device_id", device_id, minimum=0)
+        if device_id >= whole_number("device_count", device_count):
+            raise CourseInputError(
+                f"device_id={device_id!r}: pass a rank below device_count={device_count} (0 .. {device_count - 1})."
+            )
         self.train_converter = train_converter
         self.val_converter = val_converter
         self.batch_size = batch_size
@@ -41,6 +62,7 @@ class PetastormDataModule(pl.LightningDataModule):
         self._open: list[PetastormBatches] = []
 
     def _batches(self, converter, **kwargs) -> PetastormBatches:
+        """A loader over this device's shard of ``converter``, closed again in :meth:`teardown`."""
         batches = PetastormBatches(
             converter,
             self.batch_size,
@@ -54,9 +76,11 @@ class PetastormDataModule(pl.LightningDataModule):
         return batches
 
     def train_dataloader(self) -> PetastormBatches:
+        """This device's training batches: ``self.steps_per_epoch`` shuffled batches per epoch, one open reader."""
         return self._batches(self.train_converter, steps_per_epoch=self.steps_per_epoch, shuffle=True)
 
     def val_dataloader(self) -> PetastormBatches:
+        """This device's whole validation shard, read once per epoch."""
         return self._batches(self.val_converter)
 
     def teardown(self, stage: str) -> None:

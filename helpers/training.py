@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 import re
 import time
-import uuid
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +29,9 @@ from torch.nn import functional as F
 
 from helpers import CourseInputError
 from helpers.jobs import record_mlflow_run
+from helpers.tracking import run_name as new_run_name
 from helpers.tracking import setup_mlflow
+from helpers.validation import check_flag, whole_number
 from helpers.workdir import work_path
 
 Batch = dict[str, torch.Tensor]
@@ -41,20 +40,9 @@ Batches = Iterable[Batch] | Callable[[], Iterable[Batch]]
 # Lightning 2.6 warns about torch's pytree API in every fit; it is Lightning's to fix and only clutters notebooks.
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
+__all__ = ["EARLY_STOPPING_DEFAULTS", "Batch", "Batches", "TrainResult", "train", "train_plain"]
+
 EARLY_STOPPING_DEFAULTS: dict[str, Any] = {"min_delta": 0.01, "patience": 10, "stopping_threshold": None}
-
-
-def steps_per_epoch(rows: int, batch_size: int, world_size: int = 1) -> int:
-    """Optimizer steps per epoch when ``world_size`` devices each take ``batch_size`` rows per step.
-
-    An epoch is one pass over the ``rows`` training rows whatever the device count:
-    ``ceil(rows / (batch_size * world_size))``, at least 1. (The original notebooks kept the steps fixed while
-    adding devices, so one "epoch" on n devices was about n passes of the data.)
-    """
-    for name, value in (("rows", rows), ("batch_size", batch_size), ("world_size", world_size)):
-        if not isinstance(value, int) or value <= 0:
-            raise CourseInputError(f"{name}={value!r}: pass a positive integer.")
-    return max(1, math.ceil(rows / (batch_size * world_size)))
 
 
 def train_plain(
@@ -68,11 +56,24 @@ def train_plain(
 ) -> dict[str, list[float]]:
     """Train ``network`` with SGD and cross-entropy, the plain PyTorch way; return the per-epoch history.
 
-    ``train_batches`` and ``val_batches`` give dict batches (``features``, ``label_index``) once per epoch:
-    either something iterable again and again (a ``DataLoader``, a list) or a function returning a fresh
-    iterable (``datamodule.train_dataloader``). Returns ``{"train_loss": [...], "val_loss": [...],
-    "val_acc": [...]}``, one value per epoch.
+    Args:
+        network: the model to train, moved to ``device``.
+        train_batches: dict batches (``features``, ``label_index``) once per epoch: something iterable again and
+            again (a ``DataLoader``, a list) or a function returning a fresh iterable
+            (``datamodule.train_dataloader``).
+        val_batches: the validation batches, in the same forms.
+        epochs: passes over ``train_batches``.
+        learning_rate: SGD's learning rate.
+        momentum: SGD's momentum.
+        device: where to train (``"cpu"``, ``"cuda"``, a ``torch.device``).
+
+    Returns:
+        ``{"train_loss": [...], "val_loss": [...], "val_acc": [...]}``, one value per epoch.
+
+    Raises:
+        CourseInputError: ``epochs`` is not a whole number of at least 1.
     """
+    whole_number("epochs", epochs)
     network.to(device)
     optimizer = torch.optim.SGD(network.parameters(), lr=learning_rate, momentum=momentum)
     history: dict[str, list[float]] = {"train_loss": [], "val_loss": [], "val_acc": []}
@@ -203,13 +204,6 @@ def _check_checkpoint(ckpt_restore: str | Path, model: pl.LightningModule) -> No
         )
 
 
-def _default_run_name(model: pl.LightningModule, devices: Any) -> str:
-    """``<backbone>-devices<n>-<time>-<random>``: readable and unique. Ranks may differ here; Lightning takes
-    the checkpoint folder from rank 0 and only rank 0 names an MLflow run."""
-    backbone = model.hparams.get("backbone", type(model).__name__)
-    return f"{backbone}-devices{devices}-{datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:4]}"
-
-
 def _registered_name(experiment: str) -> str:
     """A model registry name derived from an experiment name (its last path part, e.g. ``/Users/me/x`` -> x)."""
     return re.sub(r"[^A-Za-z0-9_-]+", "-", experiment.rstrip("/").rsplit("/", 1)[-1]).strip("-") or "classifier"
@@ -235,6 +229,141 @@ def _log_and_register_model(model: pl.LightningModule, name: str) -> str:
     return str(info.registered_model_version)
 
 
+@dataclass
+class _Callbacks:
+    """The callbacks of one ``train`` call: checkpoints, the epoch history and early stopping (None when off)."""
+
+    checkpoint: ModelCheckpoint
+    history: _EpochHistory
+    stopper: EarlyStopping | None
+
+    @classmethod
+    def create(cls, default_dir: str | Path, stopping: dict[str, Any] | None) -> _Callbacks:
+        """The best checkpoint by ``val_loss`` and ``last.ckpt`` in ``default_dir``; EarlyStopping on
+        ``val_loss`` with ``stopping`` unless it is None."""
+        checkpoint = ModelCheckpoint(
+            dirpath=str(default_dir),
+            filename="best-epoch={epoch}-val_loss={val_loss:.4f}",
+            auto_insert_metric_name=False,
+            monitor="val_loss",
+            mode="min",
+            save_last=True,
+        )
+        stopper = None if stopping is None else EarlyStopping(monitor="val_loss", mode="min", **stopping)
+        return cls(checkpoint, _EpochHistory(), stopper)
+
+    def as_list(self) -> list[pl.Callback]:
+        """The callbacks for the Trainer."""
+        return [self.checkpoint, self.history] + ([self.stopper] if self.stopper is not None else [])
+
+    def stopped_reason(self, trainer: pl.Trainer) -> str:
+        """Why the fit ended: the early-stopping rule that fired, else ``"max_epochs"``."""
+        # should_stop is reset by every fit, while the callback's reason may come from a resumed checkpoint
+        if self.stopper is None or not trainer.should_stop:
+            return "max_epochs"
+        return _STOP_REASONS.get(self.stopper.stopping_reason, "max_epochs")
+
+
+@dataclass
+class _Recorded:
+    """What MLflow recorded of one ``train`` call: nothing on other ranks and without an experiment."""
+
+    run_id: str | None = None
+    model_name: str | None = None
+    model_version: str | None = None
+
+
+def _fit(
+    trainer: pl.Trainer, model: pl.LightningModule, datamodule: pl.LightningDataModule, ckpt_path: str | None
+) -> float:
+    """``trainer.fit`` (resuming from ``ckpt_path`` if given); return its wall time in seconds."""
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        if ckpt_path is not None:  # resuming writes into the checkpoint's own folder on purpose
+            warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    return time.perf_counter() - started
+
+
+def _fit_untracked(fit: Callable[[], float], trainer: pl.Trainer, experiment: str | None) -> float:
+    """Fit without recording; return the wall time."""
+    if experiment is None and trainer.global_rank == 0:
+        # autolog left on by an earlier tracked train() in this process would open a run of its own
+        mlflow.pytorch.autolog(disable=True)
+    return fit()
+
+
+def _run_params(
+    model: pl.LightningModule,
+    datamodule: pl.LightningDataModule,
+    trainer: pl.Trainer,
+    stopping: dict[str, Any] | None,
+    settings: dict[str, Any],
+) -> dict[str, Any]:
+    """The MLflow parameters of a run: the model's learning rate and hyperparameters, the batch size, the world
+    size, the early-stopping settings and ``settings`` (the ``train`` arguments and ``extra_params``)."""
+    params: dict[str, Any] = {
+        "learning_rate": model.hparams.get("learning_rate", getattr(model, "learning_rate", None)),
+        "world_size": trainer.world_size,
+        "early_stopping": stopping is not None,
+    }
+    if getattr(datamodule, "batch_size", None) is not None:
+        params["batch_size"] = datamodule.batch_size
+    for key in ("class_count", "backbone", "pretrained", "freeze_backbone", "image_size"):
+        if key in model.hparams:
+            params[key] = model.hparams[key]
+    if stopping is not None:
+        params.update({f"early_stopping_{key}": value for key, value in stopping.items()})
+    return {**params, **settings}
+
+
+def _fit_tracked(
+    fit: Callable[[], float],
+    trainer: pl.Trainer,
+    experiment: str,
+    uri: str | None,
+    run_name: str,
+    params: dict[str, Any],
+    model_name: str,
+) -> tuple[float, _Recorded]:
+    """Fit inside one MLflow run of ``experiment`` (nested in an active run, if any) with autolog on: log
+    ``params``, ``wall_time_s``, the effective learning rate and the trained model, registered as
+    ``model_name``. Return the wall time and what was recorded."""
+    experiment_id = setup_mlflow(experiment, uri)
+    mlflow.pytorch.autolog(log_models=False, checkpoint=False, silent=True)
+    nested = mlflow.active_run() is not None
+    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, nested=nested) as run:
+        # in a HorovodRunner job, the driver ends this run FAILED if this process is stopped before it can
+        record_mlflow_run(run.info.run_id, mlflow.get_tracking_uri())
+        mlflow.log_params(params)
+        wall_time_s = fit()
+        mlflow.log_metric("wall_time_s", wall_time_s)
+        # the lr the optimizer really used: a distributed strategy may have scaled it by the world size
+        mlflow.log_param("effective_learning_rate", trainer.optimizers[0].param_groups[0]["lr"])
+        version = _log_and_register_model(trainer.lightning_module, model_name)
+    return wall_time_s, _Recorded(run.info.run_id, model_name, version)
+
+
+def _result(trainer: pl.Trainer, callbacks: _Callbacks, wall_time_s: float, recorded: _Recorded) -> TrainResult:
+    """The :class:`TrainResult` of a finished fit."""
+    metrics = trainer.callback_metrics
+    best = callbacks.checkpoint.best_model_score
+    return TrainResult(
+        epochs_run=trainer.current_epoch,
+        best_val_loss=float(best) if best is not None else None,
+        last_val_loss=float(metrics["val_loss"]) if "val_loss" in metrics else None,
+        val_acc=float(metrics["val_acc"]) if "val_acc" in metrics else None,
+        wall_time_s=wall_time_s,
+        best_checkpoint=callbacks.checkpoint.best_model_path or None,
+        last_checkpoint=callbacks.checkpoint.last_model_path or None,
+        stopped_reason=callbacks.stopped_reason(trainer),
+        mlflow_run_id=recorded.run_id,
+        registered_model_name=recorded.model_name,
+        registered_model_version=recorded.model_version,
+        history=callbacks.history.epochs,
+    )
+
+
 def train(
     model: pl.LightningModule,
     datamodule: pl.LightningDataModule,
@@ -258,134 +387,79 @@ def train(
 ) -> TrainResult:
     """Fit ``model`` on ``datamodule`` with Lightning: early stopping, checkpoints, MLflow on global rank 0.
 
-    - ``accelerator``, ``devices``, ``num_nodes``, ``strategy`` and ``precision`` go to the Trainer unchanged (a
-      strategy object such as the course's Horovod strategy, ``"ddp"``, ...; ``"16-mixed"`` or ``"bf16-mixed"``
-      for mixed precision on a GPU, see ``helpers.devices.precision_for``). Every epoch ends with a full
-      validation pass.
-    - ``early_stopping``: ``None`` (default) or ``True`` uses ``EARLY_STOPPING_DEFAULTS`` (monitor
-      ``val_loss``, min_delta 0.01, patience 10, no stopping_threshold); a dict overrides some of them
-      (``{"stopping_threshold": 0.55}``); ``False`` switches early stopping off.
-    - Checkpoints (the best by ``val_loss`` and ``last.ckpt``) go to ``default_dir``: by default the folder of
-      ``ckpt_restore`` when resuming, else ``work_path("checkpoints", run_name)``.
-    - ``ckpt_restore``: a ``.ckpt`` to continue from (e.g. ``result.last_checkpoint``); training resumes at the
-      next epoch and runs until ``max_epochs`` epochs in total. It is checked before anything starts:
-      ``CourseInputError`` if it is missing or does not fit ``model``.
-    - ``mlflow_experiment``: when given, global rank 0 sets up MLflow (``tracking_uri``, default: the local
-      store under the work directory), turns on ``mlflow.pytorch.autolog`` and records exactly one run: the
-      parameters (learning rate and the effective one after any scaling, batch size, devices, world size, early
-      stopping, max_epochs, ``extra_params``, whose keys must not clash with autolog's ``lr``, ``epochs``, ...),
-      the epoch metrics (step = epoch) and the trained model, registered as ``registered_model_name``
-      (default: derived from the experiment name). If training raises, the run ends FAILED and the error
-      propagates; in a ``HorovodRunner`` job the driver also ends it FAILED when this process is terminated or
-      killed first. ``None``: no MLflow at all. Other ranks never call MLflow.
-    - ``logging_level`` applies to Lightning's loggers (``logging.INFO`` shows its device and model summaries).
+    Every epoch ends with a full validation pass. With ``mlflow_experiment``, global rank 0 turns on
+    ``mlflow.pytorch.autolog`` and records exactly one run: the parameters (learning rate and the effective one
+    after any scaling, batch size, devices, world size, early stopping, max_epochs, ``extra_params``), the epoch
+    metrics (step = epoch), ``wall_time_s`` and the trained model, registered. If training raises, the run ends
+    FAILED and the error propagates; in a ``HorovodRunner`` job the driver also ends it FAILED when this process
+    is terminated or killed first. Other ranks never call MLflow.
+
+    Args:
+        model: the LightningModule to fit (e.g. ``helpers.model.LitClassificationModel``).
+        datamodule: its data (e.g. ``helpers.datamodule.PetastormDataModule``).
+        max_epochs: epochs in total, counting those before ``ckpt_restore``.
+        accelerator: passed to the Trainer unchanged, like ``devices``, ``num_nodes`` and ``strategy`` (a
+            strategy object such as the course's Horovod strategy, ``"ddp"``, ...).
+        devices: see ``accelerator``.
+        num_nodes: see ``accelerator``.
+        strategy: see ``accelerator``.
+        precision: the Trainer's precision: ``"16-mixed"`` or ``"bf16-mixed"`` for mixed precision on a GPU (see
+            ``helpers.devices.precision_for``).
+        default_dir: where checkpoints go (the best by ``val_loss`` and ``last.ckpt``); default: the folder of
+            ``ckpt_restore`` when resuming, else ``work_path("checkpoints", run_name)``.
+        ckpt_restore: a ``.ckpt`` to continue from (e.g. ``result.last_checkpoint``); training resumes at the
+            next epoch.
+        mlflow_experiment: the experiment to record the run in; ``None``: no MLflow at all.
+        tracking_uri: the MLflow store; default: the local store under the work directory.
+        early_stopping: ``None`` (default) or ``True`` uses ``EARLY_STOPPING_DEFAULTS`` (monitor ``val_loss``,
+            min_delta 0.01, patience 10, no stopping_threshold); a dict overrides some of them
+            (``{"stopping_threshold": 0.55}``); ``False`` switches early stopping off.
+        run_name: the MLflow run's name and the default checkpoint folder's; default:
+            ``helpers.tracking.run_name(<backbone>, "devices<n>")``.
+        registered_model_name: the registry name of the trained model; default: derived from the experiment.
+        extra_params: more MLflow parameters; their keys must not clash with autolog's (``lr``, ``epochs``, ...).
+        progress_bar: show Lightning's progress bar.
+        logging_level: the level of Lightning's loggers (``logging.INFO`` shows its device and model summaries).
+
+    Returns:
+        A :class:`TrainResult`; its MLflow fields are ``None`` on other ranks and without ``mlflow_experiment``.
+
+    Raises:
+        CourseInputError: ``max_epochs`` is not a whole number of at least 1, ``early_stopping`` is not one of
+            the forms above, or ``ckpt_restore`` is missing, unreadable or does not fit ``model`` (all checked
+            before anything starts).
     """
-    if not isinstance(max_epochs, int) or max_epochs < 1:
-        raise CourseInputError(f"max_epochs={max_epochs!r}: pass a positive integer.")
+    whole_number("max_epochs", max_epochs)
+    check_flag("progress_bar", progress_bar)
     stopping = _early_stopping_settings(early_stopping)
     if ckpt_restore is not None:
         _check_checkpoint(ckpt_restore, model)
     for name in ("pytorch_lightning", "lightning_fabric"):
         logging.getLogger(name).setLevel(logging_level)
-
-    run_name = run_name or _default_run_name(model, devices)
+    run_name = run_name or new_run_name(model.hparams.get("backbone", type(model).__name__), f"devices{devices}")
     if default_dir is None:
         default_dir = Path(ckpt_restore).parent if ckpt_restore is not None else work_path("checkpoints", run_name)
-    checkpoint = ModelCheckpoint(
-        dirpath=str(default_dir),
-        filename="best-epoch={epoch}-val_loss={val_loss:.4f}",
-        auto_insert_metric_name=False,
-        monitor="val_loss",
-        mode="min",
-        save_last=True,
-    )
-    history = _EpochHistory()
-    callbacks: list[pl.Callback] = [checkpoint, history]
-    stopper = None
-    if stopping is not None:
-        stopper = EarlyStopping(monitor="val_loss", mode="min", **stopping)
-        callbacks.append(stopper)
+    callbacks = _Callbacks.create(default_dir, stopping)
+    placement = {"accelerator": accelerator, "devices": devices, "num_nodes": num_nodes, "precision": precision}
     trainer = pl.Trainer(
-        accelerator=accelerator,
-        devices=devices,
-        num_nodes=num_nodes,
+        **placement,
         strategy=strategy,
-        precision=precision,
         max_epochs=max_epochs,
-        callbacks=callbacks,
+        callbacks=callbacks.as_list(),
         default_root_dir=str(default_dir),
         logger=False,
         enable_progress_bar=progress_bar,
     )
     ckpt_path = str(ckpt_restore) if ckpt_restore is not None else None
-    tracked = mlflow_experiment is not None and trainer.global_rank == 0
 
     def fit() -> float:
-        started = time.perf_counter()
-        with warnings.catch_warnings():
-            if ckpt_path is not None:  # resuming writes into the checkpoint's own folder on purpose
-                warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
-            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
-        return time.perf_counter() - started
+        return _fit(trainer, model, datamodule, ckpt_path)
 
-    run_id = model_name = model_version = None
-    if tracked:
-        experiment_id = setup_mlflow(mlflow_experiment, tracking_uri)
-        mlflow.pytorch.autolog(log_models=False, checkpoint=False, silent=True)
-        params: dict[str, Any] = {
-            "learning_rate": model.hparams.get("learning_rate", getattr(model, "learning_rate", None)),
-            "max_epochs": max_epochs,
-            "accelerator": accelerator,
-            "devices": devices,
-            "num_nodes": num_nodes,
-            "world_size": trainer.world_size,
-            "strategy": strategy if isinstance(strategy, str) else type(strategy).__name__,
-            "precision": precision,
-            "early_stopping": stopping is not None,
-            "ckpt_restore": ckpt_path,
-        }
-        if getattr(datamodule, "batch_size", None) is not None:
-            params["batch_size"] = datamodule.batch_size
-        for key in ("class_count", "backbone", "pretrained", "freeze_backbone", "image_size"):
-            if key in model.hparams:
-                params[key] = model.hparams[key]
-        if stopping is not None:
-            params.update({f"early_stopping_{key}": value for key, value in stopping.items()})
-        params.update(extra_params or {})
-        model_name = registered_model_name or _registered_name(mlflow_experiment)
-        nested = mlflow.active_run() is not None
-        with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, nested=nested) as run:
-            run_id = run.info.run_id
-            # in a HorovodRunner job, the driver ends this run FAILED if this process is stopped before it can
-            record_mlflow_run(run_id, mlflow.get_tracking_uri())
-            mlflow.log_params(params)
-            wall_time_s = fit()
-            mlflow.log_metric("wall_time_s", wall_time_s)
-            # the lr the optimizer really used: a distributed strategy may have scaled it by the world size
-            mlflow.log_param("effective_learning_rate", trainer.optimizers[0].param_groups[0]["lr"])
-            model_version = _log_and_register_model(trainer.lightning_module, model_name)
-    else:
-        if mlflow_experiment is None and trainer.global_rank == 0:
-            # autolog left on by an earlier tracked train() in this process would open a run of its own
-            mlflow.pytorch.autolog(disable=True)
-        wall_time_s = fit()
-
-    metrics = trainer.callback_metrics
-    best = checkpoint.best_model_score
-    # should_stop is reset by every fit, while the callback's reason may come from a resumed checkpoint
-    stopped_early = stopper is not None and trainer.should_stop
-    stopped_reason = _STOP_REASONS.get(stopper.stopping_reason, "max_epochs") if stopped_early else "max_epochs"
-    return TrainResult(
-        epochs_run=trainer.current_epoch,
-        best_val_loss=float(best) if best is not None else None,
-        last_val_loss=float(metrics["val_loss"]) if "val_loss" in metrics else None,
-        val_acc=float(metrics["val_acc"]) if "val_acc" in metrics else None,
-        wall_time_s=wall_time_s,
-        best_checkpoint=checkpoint.best_model_path or None,
-        last_checkpoint=checkpoint.last_model_path or None,
-        stopped_reason=stopped_reason,
-        mlflow_run_id=run_id,
-        registered_model_name=model_name if tracked else None,
-        registered_model_version=model_version,
-        history=history.epochs,
-    )
+    if mlflow_experiment is None or trainer.global_rank != 0:
+        return _result(trainer, callbacks, _fit_untracked(fit, trainer, mlflow_experiment), _Recorded())
+    strategy_name = strategy if isinstance(strategy, str) else type(strategy).__name__
+    settings = {**placement, "strategy": strategy_name, "max_epochs": max_epochs, "ckpt_restore": ckpt_path}
+    params = _run_params(model, datamodule, trainer, stopping, {**settings, **(extra_params or {})})
+    model_name = registered_model_name or _registered_name(mlflow_experiment)
+    wall_time_s, recorded = _fit_tracked(fit, trainer, mlflow_experiment, tracking_uri, run_name, params, model_name)
+    return _result(trainer, callbacks, wall_time_s, recorded)

@@ -19,9 +19,9 @@ from torch.nn import functional as F
 
 from helpers.course.checks import PASSED, _run
 from helpers.datamodule import PetastormDataModule
-from helpers.loaders import PetastormBatches
+from helpers.loaders import PetastormBatches, steps_per_epoch
 from helpers.model import LitClassificationModel
-from helpers.training import steps_per_epoch, train
+from helpers.training import train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -19,7 +19,7 @@ import yaml
 from helpers.analysis import FIXED_STEPS, ONE_PASS, TAG, plan_sweep, record_run, runs_table, speedup_table, stop_reason
 from helpers.course.checks import _run
 from helpers.course.checks.lesson5 import _STOP_CASES, acceptable_reasons, plan_cases, stop_cases
-from helpers.training import steps_per_epoch
+from helpers.loaders import steps_per_epoch
 from helpers.workdir import REPO_ROOT
 
 EXPERIMENT = "test-answers-lesson-5"

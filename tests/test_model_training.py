@@ -17,9 +17,10 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from helpers import CourseInputError
+from helpers.loaders import steps_per_epoch
 from helpers.model import LitClassificationModel, make_network
 from helpers.tracking import metric_history
-from helpers.training import steps_per_epoch, train, train_plain
+from helpers.training import train, train_plain
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*does not have many workers"),

@@ -215,7 +215,7 @@ def _as_rank(rank: int) -> Iterator[None]:
 @register("2.1")
 def epoch_steps_rule(epoch_steps) -> str:
     """``epoch_steps(rows, batch_size, world_size)``: steps per epoch for one pass over the data."""
-    from helpers.training import steps_per_epoch
+    from helpers.loaders import steps_per_epoch
 
     require_implemented(epoch_steps)
     rng = random.Random(21)

@@ -394,7 +394,7 @@ def epoch_cases(seed: int = 54, count: int = 12) -> list[tuple[int, int, int]]:
 @register("5.4")
 def rows_read_per_epoch(namespace) -> str:
     """``rows_per_epoch(rows, batch_size, devices, epoch_mode)``: training rows all devices read in one epoch."""
-    from helpers.training import steps_per_epoch
+    from helpers.loaders import steps_per_epoch
 
     rows_per_epoch = require(namespace, "rows_per_epoch")
     require_implemented(rows_per_epoch)
@@ -518,7 +518,7 @@ def _check_run(run: Mapping[str, Any], expected: Mapping[str, Any], where: str) 
 def sweep_is_like_for_like(namespace) -> str:
     """``sweep_plan(max_devices, base_settings)``: the runs of the sweep, compared with ``plan_sweep``."""
     from helpers.analysis import plan_sweep
-    from helpers.training import steps_per_epoch
+    from helpers.loaders import steps_per_epoch
 
     sweep_plan = require(namespace, "sweep_plan")
     require_implemented(sweep_plan)
