@@ -1,8 +1,7 @@
-"""From the lake to PyTorch: stratified split, repartitioning, Petastorm converters, transforms and loaders.
+"""From the lake to PyTorch: stratified split, Petastorm converters, the image transform, and sharded loaders.
 
-Petastorm sits between Spark and PyTorch: ``make_spark_converter`` materialises a DataFrame once as Parquet in
-a cache folder, and ``make_torch_dataloader`` streams it back as tensors, each worker reading its own shard
-(``cur_shard``/``shard_count``) of the Parquet row groups.
+A Petastorm converter materialises a DataFrame once as Parquet in a cache folder; its loaders stream it back as
+tensors, each process reading its own shard (``cur_shard``/``shard_count``) of the Parquet row groups.
 """
 
 from __future__ import annotations
@@ -24,6 +23,21 @@ from helpers.data import resolve_data_dir
 from helpers.lake import default_table_path, ingest_images, read_table
 from helpers.validation import whole_number
 
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "TRAIN_COLUMNS",
+    "PetastormBatches",
+    "PreparedData",
+    "decode_image",
+    "image_transform_spec",
+    "make_loader",
+    "partitions_for",
+    "prepare_data",
+    "steps_per_epoch",
+    "stratified_split",
+]
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 TRAIN_COLUMNS = ["row_id", "content", "label_index"]
@@ -39,6 +53,17 @@ def stratified_split(df, val_fraction: float = 0.2, seed: int = 0):
     In every class of n images, ``round(n * val_fraction)`` go to validation, at least one and at most n - 1, so
     every class is in both splits and each class's proportion is within one image of exact. Which images go where
     is a deterministic function of ``seed`` and the image path.
+
+    Args:
+        df: a lake DataFrame (``path``, ``label_index``, ...).
+        val_fraction: the share of each class that goes to validation, between 0 and 1.
+        seed: which images go where.
+
+    Returns:
+        ``(train_df, val_df)``.
+
+    Raises:
+        CourseInputError: ``val_fraction`` is not between 0 and 1.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -58,15 +83,30 @@ def stratified_split(df, val_fraction: float = 0.2, seed: int = 0):
 
 
 def partitions_for(num_devices: int) -> int:
-    """How many partitions a split needs so that every device gets work: two per device."""
-    if not isinstance(num_devices, int) or num_devices < 1:
-        raise CourseInputError(f"num_devices={num_devices!r} must be a whole number >= 1 (one per GPU or process).")
-    return 2 * num_devices
+    """How many partitions a split needs so that every device gets work.
+
+    Args:
+        num_devices: the processes that will read the split.
+
+    Returns:
+        Two per device.
+
+    Raises:
+        CourseInputError: ``num_devices`` is not a whole number of at least 1.
+    """
+    return 2 * whole_number("num_devices", num_devices, hint="One per GPU or process.")
 
 
 @dataclass
 class PreparedData:
-    """What ``prepare_data`` returns; unpacks as ``df, train_converter, val_converter, class_names``."""
+    """What :func:`prepare_data` returns; unpacks as ``df, train_converter, val_converter, class_names``.
+
+    Attributes:
+        df: the lake DataFrame, with a ``row_id`` column.
+        train_converter: the Petastorm converter of the training split.
+        val_converter: the Petastorm converter of the validation split.
+        class_names: the class names, in ``label_index`` order.
+    """
 
     df: Any
     train_converter: Any
@@ -89,9 +129,23 @@ def prepare_data(
 ) -> PreparedData:
     """Lake table -> stratified split -> ``2 x num_devices`` partitions each -> Petastorm converters.
 
-    ``data_dir`` None means the embedded digits. The Delta table for the folder is ingested on first use (or when
-    ``refresh``) and read through its current snapshot afterwards. Returns ``(df, train_converter, val_converter,
-    class_names)``, where ``df`` is the lake DataFrame with a ``row_id`` column.
+    The Delta table for the folder is ingested on first use (or when ``refresh``) and read through its current
+    snapshot afterwards.
+
+    Args:
+        data_dir: an image folder, or None for the embedded digits.
+        num_devices: the processes that will read each split.
+        val_fraction: the share of each class that goes to validation.
+        seed: which images go to validation.
+        spark: the SparkSession (default: :func:`~helpers.spark.get_spark`).
+        table_path: the Delta table's folder (default: :func:`~helpers.lake.default_table_path`).
+        refresh: ingest the folder again even if its table exists.
+
+    Returns:
+        A :class:`PreparedData`: ``df, train_converter, val_converter, class_names = prepare_data(...)``.
+
+    Raises:
+        CourseInputError: a bad argument or image folder, or fewer training images than devices.
     """
     from petastorm.spark import make_spark_converter
     from pyspark.sql import functions as F
@@ -122,6 +176,13 @@ def decode_image(content: bytes, image_size: int) -> np.ndarray:
 
     The shorter side is resized to ``image_size * 256 / 224`` and the centre ``image_size`` square kept, the
     recipe used for ImageNet models (256 then 224).
+
+    Args:
+        content: the encoded image (JPEG, PNG, ...).
+        image_size: the side of the square output.
+
+    Returns:
+        A float32 array of shape ``(3, image_size, image_size)``.
     """
     from PIL import Image
 
@@ -140,14 +201,21 @@ def decode_image(content: bytes, image_size: int) -> np.ndarray:
 
 
 def image_transform_spec(image_size: int = 32):
-    """A Petastorm TransformSpec: ``content`` bytes -> ``features`` float32 (3, image_size, image_size).
+    """A Petastorm TransformSpec that decodes ``content`` with :func:`decode_image`.
 
-    The batch keeps ``features`` and ``label_index`` (and ``row_id``, which identifies rows across shards).
+    Args:
+        image_size: the side of the square images.
+
+    Returns:
+        A ``TransformSpec`` whose batches hold ``features`` (float32, 3 x image_size x image_size), ``label_index``
+        (int64) and ``row_id`` (which identifies rows across shards).
+
+    Raises:
+        CourseInputError: ``image_size`` is not a whole number of at least 8.
     """
     from petastorm import TransformSpec
 
-    if not isinstance(image_size, int) or image_size < 8:
-        raise CourseInputError(f"image_size={image_size!r} must be a whole number >= 8 (e.g. 32 or 224).")
+    image_size = whole_number("image_size", image_size, minimum=8, hint="E.g. 32 or 224.")
 
     def transform(pdf: pd.DataFrame) -> pd.DataFrame:
         out = pdf[["row_id", "label_index"]].copy()
@@ -175,20 +243,37 @@ def make_loader(
     shuffle: bool = False,
     workers_count: int = 2,
 ):
-    """Context manager for a PyTorch DataLoader over one shard of a converter (Petastorm ``make_torch_dataloader``).
+    """A PyTorch DataLoader over one shard of a converter (Petastorm's ``make_torch_dataloader``).
 
-    Batches are dicts: ``features`` (float32 N x 3 x S x S), ``label_index`` (int64 N), ``row_id`` (int64 N).
+    Args:
+        converter: a Petastorm converter of ``TRAIN_COLUMNS``.
+        batch_size: rows per batch.
+        image_size: the side of the square images.
+        cur_shard: this process's shard, 0 to ``shard_count - 1``.
+        shard_count: the number of shards (processes).
+        num_epochs: passes over the shard; None for an endless stream.
+        shuffle: shuffle row groups and rows (seeded), for training.
+        workers_count: Petastorm reader threads.
+
+    Returns:
+        A context manager that yields the DataLoader. Batches are dicts: ``features`` (float32 N x 3 x S x S),
+        ``label_index`` (int64 N), ``row_id`` (int64 N).
+
+    Raises:
+        CourseInputError: a shard, shard count, batch size or image size that is not a whole number in range.
     """
-    if not 0 <= cur_shard < shard_count:
-        raise CourseInputError(f"cur_shard={cur_shard} must be in 0..shard_count-1 (shard_count={shard_count}).")
-    if batch_size < 1:
-        raise CourseInputError(f"batch_size={batch_size} must be >= 1.")
+    shard_count = whole_number("shard_count", shard_count)
+    cur_shard = whole_number("cur_shard", cur_shard, minimum=0)
+    if cur_shard >= shard_count:
+        raise CourseInputError(f"cur_shard={cur_shard}: pass 0 to {shard_count - 1}, one shard per process.")
+    batch_size = whole_number("batch_size", batch_size)
+    spec = image_transform_spec(image_size)
     return converter.make_torch_dataloader(
         batch_size=batch_size,
         num_epochs=num_epochs,
         cur_shard=cur_shard,
         shard_count=shard_count,
-        transform_spec=image_transform_spec(image_size),
+        transform_spec=spec,
         workers_count=workers_count,
         shuffling_queue_capacity=4 * batch_size if shuffle else 0,
         seed=0 if shuffle else None,
@@ -203,6 +288,19 @@ class PetastormBatches:
     iteration yields exactly that many batches, so every rank runs the same number of steps. Without it
     (validation), each iteration opens a fresh reader with ``num_epochs=1``: one full pass over the shard.
     Call ``close()`` when done (the DataModule does it in ``teardown``).
+
+    Args:
+        converter: a Petastorm converter of ``TRAIN_COLUMNS``.
+        batch_size: rows per batch.
+        image_size: the side of the square images.
+        cur_shard: this process's shard.
+        shard_count: the number of shards (processes).
+        steps_per_epoch: batches per iteration over an endless reader; None for one full pass per iteration.
+        shuffle: shuffle row groups and rows (seeded), for training.
+        workers_count: Petastorm reader threads.
+
+    Raises:
+        CourseInputError: ``steps_per_epoch`` is not None nor a whole number of at least 1.
     """
 
     def __init__(
@@ -216,6 +314,9 @@ class PetastormBatches:
         shuffle: bool = False,
         workers_count: int = 2,
     ) -> None:
+        self._context = None
+        self._iterator: Iterator[dict] | None = None
+        self.steps_per_epoch = None if steps_per_epoch is None else whole_number("steps_per_epoch", steps_per_epoch)
         self._loader_args = dict(
             converter=converter,
             batch_size=batch_size,
@@ -225,9 +326,6 @@ class PetastormBatches:
             shuffle=shuffle,
             workers_count=workers_count,
         )
-        self.steps_per_epoch = steps_per_epoch
-        self._context = None
-        self._iterator: Iterator[dict] | None = None
 
     def __len__(self) -> int:
         if self.steps_per_epoch is None:

@@ -56,10 +56,30 @@ def test_converters_have_two_partitions_per_device(digits_data):
     assert digits_data.class_names == [f"digit_{i}" for i in range(10)]
 
 
-@pytest.mark.parametrize("num_devices", [0, -1, 1.5])
+@pytest.mark.parametrize("num_devices", [0, -1, 1.5, True])
 def test_bad_device_counts_are_refused(num_devices):
-    with pytest.raises(CourseInputError, match="num_devices"):
+    with pytest.raises(CourseInputError, match=r"^num_devices=.*: pass a whole number of at least 1\."):
         partitions_for(num_devices)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"cur_shard": 2, "shard_count": 2}, r"^cur_shard=2: pass 0 to 1, one shard per process\.$"),
+        ({"cur_shard": -1}, r"^cur_shard=-1: pass a whole number of at least 0\.$"),
+        ({"shard_count": 0}, r"^shard_count=0: pass a whole number of at least 1\.$"),
+        ({"batch_size": 0}, r"^batch_size=0: pass a whole number of at least 1\.$"),
+        ({"image_size": 4}, r"^image_size=4: pass a whole number of at least 8\. E\.g\. 32 or 224\.$"),
+    ],
+)
+def test_bad_loader_arguments_are_refused_before_reading(kwargs, message):
+    with pytest.raises(CourseInputError, match=message):
+        make_loader(None, **kwargs)
+
+
+def test_bad_steps_per_epoch_is_refused():
+    with pytest.raises(CourseInputError, match=r"^steps_per_epoch=0: pass a whole number of at least 1\.$"):
+        PetastormBatches(None, batch_size=8, image_size=16, steps_per_epoch=0)
 
 
 def test_more_devices_than_rows_is_a_clear_error(spark, tmp_path: Path):
