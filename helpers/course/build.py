@@ -41,6 +41,40 @@ from nbformat import NotebookNode
 from helpers import CourseInputError
 from helpers.workdir import REPO_ROOT
 
+__all__ = [
+    "BEGIN",
+    "CELL_METADATA_DROPPED",
+    "END",
+    "Exercise",
+    "LESSONS_DIR",
+    "PARAMETERS_TAG",
+    "REQUIRED_PARAMETERS",
+    "Region",
+    "SOLUTIONS_DIR",
+    "SOLUTION_ONLY_TAG",
+    "STRETCH_TAG",
+    "Structure",
+    "YOUR_CODE",
+    "add_arguments",
+    "bound_names",
+    "build",
+    "build_lesson",
+    "check",
+    "check_ids",
+    "command",
+    "display_path",
+    "has_solution",
+    "leaks",
+    "lesson_number",
+    "problems",
+    "read_notebook",
+    "serialize",
+    "solution_notebooks",
+    "split_cell",
+    "strip_solutions",
+    "structure",
+]
+
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 YOUR_CODE = "# YOUR CODE HERE"
@@ -57,7 +91,14 @@ _LESSON_NUMBER = re.compile(r"^(\d+)_")
 
 
 def display_path(path: Path) -> str:
-    """``path`` relative to the repository when it is inside it, for messages."""
+    """A path as messages show it.
+
+    Args:
+        path: any path.
+
+    Returns:
+        ``path`` relative to the repository when it is inside it, else as given.
+    """
     try:
         return path.resolve().relative_to(REPO_ROOT).as_posix()
     except ValueError:
@@ -65,7 +106,17 @@ def display_path(path: Path) -> str:
 
 
 def read_notebook(path: Path) -> NotebookNode:
-    """Read a notebook (as nbformat 4); a missing or unreadable file is a :class:`CourseInputError`."""
+    """Read a notebook as nbformat 4.
+
+    Args:
+        path: the ``.ipynb`` file.
+
+    Returns:
+        The notebook.
+
+    Raises:
+        CourseInputError: the file is missing or is not a valid notebook.
+    """
     try:
         return nbformat.read(path, as_version=4)
     except FileNotFoundError:
@@ -75,13 +126,27 @@ def read_notebook(path: Path) -> NotebookNode:
 
 
 def serialize(nb: NotebookNode) -> str:
-    """The notebook as written to disk: nbformat's JSON with a final newline."""
+    """The notebook as the course writes it to disk (the one serializer for solutions and lessons).
+
+    Args:
+        nb: the notebook.
+
+    Returns:
+        nbformat's JSON with a final newline.
+    """
     text = nbformat.writes(nb, version=4)
     return text if text.endswith("\n") else text + "\n"
 
 
 def lesson_number(name: str) -> int | None:
-    """The lesson number of a notebook named ``NN_name`` (``None`` if the name does not start with digits)."""
+    """The lesson number of a notebook named ``NN_name``.
+
+    Args:
+        name: the notebook's file stem.
+
+    Returns:
+        ``NN`` as an int, or None if the name does not start with digits.
+    """
     match = _LESSON_NUMBER.match(name)
     return int(match.group(1)) if match else None
 
@@ -121,7 +186,14 @@ def _parse(source: str) -> ast.Module | None:
 
 
 def has_solution(source: str) -> bool:
-    """True if a cell's source contains a solution region marker."""
+    """Whether a cell holds a solution region.
+
+    Args:
+        source: the cell's source.
+
+    Returns:
+        True if a line is a ``### BEGIN SOLUTION`` or ``### END SOLUTION`` marker.
+    """
     return any(line.strip() in (BEGIN, END) for line in source.splitlines())
 
 
@@ -169,7 +241,17 @@ def _statement_names(statement: ast.stmt) -> Iterable[str]:
 
 
 def bound_names(code: str) -> list[str]:
-    """The names that top-level ``code`` binds, in order of first binding (raises SyntaxError)."""
+    """The names that top-level code binds (assignments, imports, definitions, loop targets...).
+
+    Args:
+        code: a cell's source (IPython magics are read as function calls).
+
+    Returns:
+        The names, in order of first binding.
+
+    Raises:
+        SyntaxError: ``code`` is not valid Python.
+    """
     names: list[str] = []
     for statement in ast.parse(_python_source(code)).body:
         for name in _statement_names(statement):
@@ -205,9 +287,17 @@ class Region:
 
 
 def split_cell(source: str, where: str) -> list[str | Region]:
-    """A cell's source as plain lines and solution regions, in order (``where`` names the cell in errors).
+    """A cell's source as plain lines and solution regions, in order.
 
-    Unbalanced or nested markers are a :class:`CourseInputError`.
+    Args:
+        source: the cell's source.
+        where: names the cell in error messages.
+
+    Returns:
+        Each line outside a region as a str, each region as a :class:`Region`.
+
+    Raises:
+        CourseInputError: unbalanced or nested markers.
     """
     parts: list[str | Region] = []
     current: list[str] | None = None
@@ -233,7 +323,18 @@ def split_cell(source: str, where: str) -> list[str | Region]:
 
 
 def strip_solutions(source: str, where: str) -> str:
-    """The cell's source with every solution region replaced by its stub (``where`` names the cell in errors)."""
+    """The cell's source with every solution region replaced by its stub.
+
+    Args:
+        source: the cell's source.
+        where: names the cell in error messages.
+
+    Returns:
+        The lesson's version of the cell.
+
+    Raises:
+        CourseInputError: unbalanced or nested markers.
+    """
     out: list[str] = []
     for part in split_cell(source, where):
         out.extend(_stub(part, where) if isinstance(part, Region) else [part])
@@ -241,7 +342,14 @@ def strip_solutions(source: str, where: str) -> str:
 
 
 def check_ids(source: str) -> list[str]:
-    """The exercise ids a cell checks: first arguments of its ``check("N.x", ...)`` calls, in order."""
+    """The exercise ids a cell checks.
+
+    Args:
+        source: the cell's source.
+
+    Returns:
+        The first arguments of its ``check("N.x", ...)`` calls, in order (none if it is not Python).
+    """
     tree = _parse(source)
     if tree is None:
         return []
@@ -285,7 +393,14 @@ class Structure:
 
 
 def structure(solution: NotebookNode) -> Structure:
-    """Find the exercise cells (with solution regions) and check cells (calling ``check(``) of a solution."""
+    """The exercise layout of a solution.
+
+    Args:
+        solution: the solution notebook.
+
+    Returns:
+        Its exercise cells (those with solution regions) and check cells (those calling ``check(``).
+    """
     exercises: list[tuple[str, list[str], bool]] = []
     check_cells: dict[str, tuple[str, ...]] = {}
     for cell in solution.cells:
@@ -351,7 +466,15 @@ def _check_problems(layout: Structure, number: int | None) -> list[str]:
 
 
 def problems(solution: NotebookNode, name: str) -> list[str]:
-    """What is wrong with solution ``name``'s structure (empty when it follows the conventions above)."""
+    """What is wrong with a solution's structure.
+
+    Args:
+        solution: the solution notebook.
+        name: its file stem (``NN_name``), for the lesson number and the messages.
+
+    Returns:
+        One message per problem; empty when it follows the conventions above.
+    """
     found = []
     if any("id" not in cell for cell in solution.cells):
         found.append("cells without ids: save it with JupyterLab >= 3 (nbformat 4.5) so cell ids are stable")
@@ -362,7 +485,18 @@ def problems(solution: NotebookNode, name: str) -> list[str]:
 
 
 def build_lesson(solution: NotebookNode, name: str) -> NotebookNode:
-    """The student's notebook for solution ``name``: stubs for solutions, no outputs, no solution-only cells."""
+    """The student's notebook: stubs for solutions, no outputs, no solution-only cells.
+
+    Args:
+        solution: the solution notebook.
+        name: its file stem, recorded as ``course.lesson`` in the metadata.
+
+    Returns:
+        The lesson notebook.
+
+    Raises:
+        CourseInputError: a cell's solution markers are unbalanced or nested.
+    """
     lesson = nbformat.v4.new_notebook()
     lesson.nbformat, lesson.nbformat_minor = 4, 5
     if "kernelspec" in solution.metadata:
@@ -386,7 +520,15 @@ def _normalized(text: str) -> str:
 
 
 def leaks(solution: NotebookNode, lesson: NotebookNode) -> list[str]:
-    """Why ``lesson`` still contains solution text: region markers, or a solution region's code."""
+    """Why a lesson still contains solution text.
+
+    Args:
+        solution: the solution notebook.
+        lesson: the lesson built from it (or committed).
+
+    Returns:
+        One message per leak: a region marker, or a solution region's code; empty if none.
+    """
     found: list[str] = []
     regions = [
         _normalized("\n".join(part.lines))
@@ -407,7 +549,18 @@ def leaks(solution: NotebookNode, lesson: NotebookNode) -> list[str]:
 
 
 def build(solutions_dir: Path = SOLUTIONS_DIR, lessons_dir: Path = LESSONS_DIR) -> list[str]:
-    """Write every lesson from its solution; returns the problems found (their notebooks are not written)."""
+    """Write every lesson from its solution (a lesson whose solution has problems is not written).
+
+    Args:
+        solutions_dir: the solution notebooks' folder.
+        lessons_dir: the lessons' folder (created if missing).
+
+    Returns:
+        The problems found, one message each.
+
+    Raises:
+        CourseInputError: there is no solutions folder.
+    """
     errors: list[str] = []
     lessons_dir.mkdir(parents=True, exist_ok=True)
     for path in solution_notebooks(solutions_dir):
@@ -449,7 +602,18 @@ def _check_lesson(solution_path: Path, lesson_path: Path) -> list[str]:
 
 
 def check(solutions_dir: Path = SOLUTIONS_DIR, lessons_dir: Path = LESSONS_DIR) -> list[str]:
-    """Problems with the committed lessons: stale, missing, without a solution, or leaking solution text."""
+    """Check the committed lessons against the solutions, writing nothing.
+
+    Args:
+        solutions_dir: the solution notebooks' folder.
+        lessons_dir: the lessons' folder.
+
+    Returns:
+        One message per lesson that is stale, missing, without a solution, or leaking solution text.
+
+    Raises:
+        CourseInputError: there is no solutions folder.
+    """
     errors: list[str] = []
     solutions = solution_notebooks(solutions_dir)
     for path in solutions:

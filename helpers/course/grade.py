@@ -48,6 +48,28 @@ from helpers.course.build import (
 from helpers.course.checks import ERROR, MIMETYPE, NOT_ATTEMPTED, PASSED, format_line
 from helpers.course.run import execute
 
+__all__ = [
+    "CHECK_IMPORT",
+    "CSV_FIELDS",
+    "DEFAULT_TIMEOUT_S",
+    "Grade",
+    "Lesson",
+    "RAISES_TAG",
+    "STATUSES",
+    "add_arguments",
+    "allow_errors",
+    "assemble",
+    "cell_records",
+    "check_records",
+    "command",
+    "grade",
+    "grade_submission",
+    "load_lesson",
+    "match_lesson",
+    "read_submission",
+    "submissions",
+]
+
 DEFAULT_TIMEOUT_S = 600
 RAISES_TAG = "raises-exception"
 STATUSES = (PASSED, "failed", NOT_ATTEMPTED, ERROR)
@@ -78,7 +100,14 @@ class Lesson:
 
 
 def allow_errors(nb: NotebookNode) -> NotebookNode:
-    """Tag every code cell ``raises-exception`` so that execution goes on past errors (in place; returned)."""
+    """Tag every code cell ``raises-exception`` so that execution goes on past errors.
+
+    Args:
+        nb: the notebook, changed in place.
+
+    Returns:
+        ``nb``.
+    """
     for cell in nb.cells:
         if cell.cell_type == "code":
             tags = cell.metadata.setdefault("tags", [])
@@ -100,17 +129,41 @@ def _record(output: NotebookNode) -> dict | None:
 
 
 def cell_records(cell: NotebookNode) -> list[dict]:
-    """The check records in one executed cell's outputs, in order."""
+    """The check records in one executed cell's outputs.
+
+    Args:
+        cell: an executed code cell.
+
+    Returns:
+        The records (``exercise``, ``status``, ``message``...), in order.
+    """
     return [record for output in cell.get("outputs", []) if (record := _record(output)) is not None]
 
 
 def check_records(nb: NotebookNode) -> list[dict]:
-    """Every check record in an executed notebook's outputs, in order."""
+    """Every check record in an executed notebook's outputs.
+
+    Args:
+        nb: the executed notebook.
+
+    Returns:
+        The records, in order.
+    """
     return [record for cell in nb.cells for record in cell_records(cell)]
 
 
 def load_lesson(solution_path: Path) -> Lesson:
-    """The lesson built from a solution; a solution that breaks the conventions is a :class:`CourseInputError`."""
+    """The lesson built from a solution, with its exercise layout.
+
+    Args:
+        solution_path: the solution notebook.
+
+    Returns:
+        The lesson as the grader needs it.
+
+    Raises:
+        CourseInputError: the solution is unreadable or breaks the conventions.
+    """
     solution = read_notebook(solution_path)
     found = problems(solution, solution_path.stem)
     if found:
@@ -122,7 +175,14 @@ def load_lesson(solution_path: Path) -> Lesson:
 def read_submission(path: Path) -> dict:
     """A submitted notebook as plain JSON (nbformat would silently renumber duplicated cell ids).
 
-    Raises ValueError, with the reason, for a file that is not an nbformat 4 notebook.
+    Args:
+        path: the submitted file.
+
+    Returns:
+        The notebook's JSON.
+
+    Raises:
+        ValueError: with the reason, for a file that is not an nbformat 4 notebook.
     """
     try:
         submission = json.loads(path.read_text(encoding="utf-8"))
@@ -134,7 +194,17 @@ def read_submission(path: Path) -> dict:
 
 
 def match_lesson(path: Path, submission: dict | None, names: Sequence[str]) -> str | None:
-    """The lesson a submission is for: its metadata's ``course.lesson``, else the longest name in its file name."""
+    """The lesson a submission is for.
+
+    Args:
+        path: the submission's path (its file name is searched for a lesson name).
+        submission: its JSON, or None if unreadable.
+        names: the lessons' names (``01_data_lake_petastorm``...).
+
+    Returns:
+        Its metadata's ``course.lesson`` if that is one of ``names``, else the longest of ``names`` in its file
+        name, else None.
+    """
     metadata = (submission or {}).get("metadata")
     course = metadata.get("course") if isinstance(metadata, dict) else None
     named = course.get("lesson") if isinstance(course, dict) else None
@@ -172,7 +242,12 @@ def _fresh_cell(cell: dict, cell_id: str) -> NotebookNode:
 def assemble(lesson: Lesson, submission: dict) -> tuple[NotebookNode, set[str]]:
     """The notebook to run: the lesson, with the student's exercise cells and added cells; all errors allowed.
 
-    Returns it and the ids of exercise cells the submission holds more than once (graded "error").
+    Args:
+        lesson: the lesson the submission is for.
+        submission: the submission's JSON.
+
+    Returns:
+        The notebook, and the ids of exercise cells the submission holds more than once (graded "error").
     """
     exercise_cells = {exercise.cell_id for exercise in lesson.layout.exercises}
     known = {cell.id for cell in lesson.notebook.cells}
@@ -242,7 +317,19 @@ def _add_summary(path: Path, executed: NotebookNode, grades: list[Grade]) -> Non
 def grade_submission(
     path: Path, name: str, lessons: dict[str, Path], feedback: Path, timeout: float, cache: dict[str, Lesson]
 ) -> list[Grade]:
-    """Grade one submission; every failure becomes "error" rows, never an exception."""
+    """Grade one submission; every failure becomes "error" rows, never an exception.
+
+    Args:
+        path: the submitted notebook.
+        name: its name in the CSV (its path relative to the submissions folder).
+        lessons: the solution notebooks by name.
+        feedback: where the executed notebook goes.
+        timeout: seconds the notebook may run.
+        cache: lessons already built, by name (filled in).
+
+    Returns:
+        One row per exercise of its lesson (one "error" row if no lesson matches).
+    """
     try:
         submission, unreadable = read_submission(path), ""
     except ValueError as error:
@@ -287,7 +374,15 @@ def grade_submission(
 
 
 def submissions(folder: Path, skip: Path) -> list[Path]:
-    """Every notebook under ``folder`` except checkpoints, hidden folders and anything under ``skip``."""
+    """The submitted notebooks.
+
+    Args:
+        folder: the submissions folder, searched recursively.
+        skip: a folder left out (the grader's own feedback folder).
+
+    Returns:
+        Every ``*.ipynb`` under ``folder`` but checkpoints, hidden folders and ``skip``, sorted.
+    """
     found = []
     for path in sorted(folder.rglob("*.ipynb")):
         relative = path.relative_to(folder).parts
@@ -300,7 +395,20 @@ def submissions(folder: Path, skip: Path) -> list[Path]:
 def grade(
     submissions_dir: Path, out: Path, solutions_dir: Path = SOLUTIONS_DIR, timeout: float = DEFAULT_TIMEOUT_S
 ) -> list[Grade]:
-    """Grade every submission in ``submissions_dir``; writes ``out`` (CSV) and ``<out stem>_feedback/``."""
+    """Grade every submission of a class; write ``out`` (CSV) and the executed notebooks to ``<out stem>_feedback/``.
+
+    Args:
+        submissions_dir: the submitted notebooks' folder.
+        out: the CSV to write.
+        solutions_dir: the solution notebooks' folder.
+        timeout: seconds each notebook may run.
+
+    Returns:
+        The CSV's rows.
+
+    Raises:
+        CourseInputError: no submissions folder, no solutions, or no submission.
+    """
     if not submissions_dir.is_dir():
         raise CourseInputError(f"no submissions folder at {submissions_dir}")
     lessons = {path.stem: path for path in solution_notebooks(solutions_dir)}

@@ -23,6 +23,25 @@ from helpers import lake, loaders
 from helpers.course.checks import CheckFailed, own_work, register, require_implemented, whole_number
 from helpers.workdir import work_path
 
+__all__ = [
+    "LOADER_HINTS",
+    "PIXEL_TOLERANCE",
+    "SAMPLE_FILES",
+    "SAMPLE_ROWS",
+    "SAMPLE_STYLES",
+    "SEED",
+    "SYLLABLES",
+    "converter_for_devices",
+    "disjoint_complete_shards",
+    "epochs_of_fixed_steps",
+    "label_from_path",
+    "own_transform_spec",
+    "repartition_rule",
+    "restore_after_bad_write",
+    "stable_label_indices",
+    "validation_count_rule",
+]
+
 SEED = 1
 SYLLABLES = ("ro", "sa", "li", "ta", "mu", "ne", "ki", "po", "da", "fe", "zu", "be")
 # Sample images: label_index k is a solid colour in one file format and colour mode, at random sizes.

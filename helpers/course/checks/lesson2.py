@@ -34,6 +34,17 @@ from helpers.course.checks import (
     whole_number,
 )
 
+__all__ = [
+    "best_run_check",
+    "callbacks",
+    "datamodule_loaders",
+    "epoch_steps_rule",
+    "lightning_steps",
+    "optimizer",
+    "resumed_training",
+    "tracked_fit",
+]
+
 # ---------------------------------------------------------------------------------------------------------------
 # Small pieces the checks share: quiet Lightning, tiny models and data, a private MLflow store, a faked rank.
 

@@ -18,6 +18,17 @@ from unittest import mock
 
 from helpers.course.checks import CheckFailed, Delegated, close, own_work, register, require, whole_number
 
+__all__ = [
+    "TABLE_COLUMNS",
+    "cluster_task_slots",
+    "ddp_training_function",
+    "launch_on_workers_check",
+    "launcher_comparison",
+    "resume_after_lost_worker",
+    "run_recorded",
+    "torch_distributor_setup",
+]
+
 TABLE_COLUMNS = ("wall_time_s", "val_loss", "val_acc")
 
 

@@ -26,6 +26,22 @@ from helpers.course.checks import (
     whole_number,
 )
 
+__all__ = [
+    "acceptable_reasons",
+    "epoch_cases",
+    "karp_flatt",
+    "plan_cases",
+    "query_the_runs",
+    "rows_read_per_epoch",
+    "serial_cases",
+    "serial_fraction_measured",
+    "speedup_and_efficiency",
+    "speedup_cases",
+    "stop_cases",
+    "sweep_is_like_for_like",
+    "why_runs_stopped",
+]
+
 _EPS = 1e-6  # a loss this close to a rule's boundary may fall either side through float rounding
 
 
