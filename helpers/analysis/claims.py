@@ -13,23 +13,10 @@ from helpers.analysis.schema import FIXED_STEPS, ONE_PASS
 __all__ = ["claim_report", "pitfall_report"]
 
 
-def claim_report(speedups: pd.DataFrame, time_column: str = "wall_time_s") -> list[str]:
-    """Sentences that set the original material's three claims against the measured runs of one epoch mode.
-
-    The claims: (1) about half the training time with more resources (speedup about 2), (2) speedup below linear,
-    (3) the single device stopped at a lower validation loss than the multi-device runs. Claim 1 is judged on the
-    largest device count, with the time per epoch alongside (runs that stop after different numbers of epochs
-    mix two effects); claim 3 treats differences within the runs' ``min_delta`` as no difference, as early
-    stopping itself does. Every number in the sentences comes from ``speedups`` (a :func:`speedup_table`).
-    """
-    if speedups.empty or 1 not in set(speedups["devices"].astype(int)):
-        return ["No 1-device run in the table: nothing to compare against."]
-    rows = speedups.sort_values("devices")
-    one = rows[rows["devices"] == 1].iloc[0]
-    more = rows[rows["devices"] > 1]
-    if more.empty:
-        return ["Only 1-device runs in the table: add device counts to compare."]
-    top = more.iloc[-1]
+def _claim_half_time(one: pd.Series, top: pd.Series, time_column: str, per_epoch: bool) -> list[str]:
+    """Claim 1, about half the time with more resources, judged on the largest device count ``top``; with the
+    time per epoch alongside when ``per_epoch`` (runs that stop after different numbers of epochs mix two
+    effects)."""
     n = int(top["devices"])
     ratio = top[time_column] / one[time_column]
     verdict = (
@@ -43,11 +30,11 @@ def claim_report(speedups: pd.DataFrame, time_column: str = "wall_time_s") -> li
         f"Claim 1, about half the time with more resources: {n} devices took {ratio:.2f} x the 1-device time "
         f"({top[time_column]:.1f} s against {one[time_column]:.1f} s, speedup {top['speedup']:.2f}): {verdict}."
     ]
-    if "time_per_epoch_s" in rows.columns:
-        per_epoch = one["time_per_epoch_s"] / top["time_per_epoch_s"]
+    if per_epoch:
+        speedup = one["time_per_epoch_s"] / top["time_per_epoch_s"]
         lines.append(
             f"  Per epoch: {top['time_per_epoch_s']:.1f} s on {n} devices against {one['time_per_epoch_s']:.1f} s "
-            f"on 1 (speedup per epoch {per_epoch:.2f}); epochs until stop: {int(top['epochs_run'])} against "
+            f"on 1 (speedup per epoch {speedup:.2f}); epochs until stop: {int(top['epochs_run'])} against "
             f"{int(one['epochs_run'])}"
             + (
                 ", so part of the difference in total time is when the runs stopped, not how fast they computed."
@@ -55,17 +42,22 @@ def claim_report(speedups: pd.DataFrame, time_column: str = "wall_time_s") -> li
                 else "."
             )
         )
+    return lines
+
+
+def _claim_sub_linear(more: pd.DataFrame) -> str:
+    """Claim 2, speedup below linear, judged on every device count above 1."""
     effs = ", ".join(f"{int(r.devices)} devices {r.efficiency:.0%}" for r in more.itertuples())
     below = bool((more["efficiency"] < 1).all())
-    lines.append(
-        f"Claim 2, sub-linear speedup: parallel efficiency {effs}: "
-        + (
-            "below linear at every device count, as claimed."
-            if below
-            else "at or above linear at some device count, against the claim."
-        )
+    return f"Claim 2, sub-linear speedup: parallel efficiency {effs}: " + (
+        "below linear at every device count, as claimed."
+        if below
+        else "at or above linear at some device count, against the claim."
     )
-    tolerance = float(one["min_delta"]) if "min_delta" in rows.columns else 0.0
+
+
+def _claim_lower_loss(one: pd.Series, more: pd.DataFrame, tolerance: float) -> str:
+    """Claim 3, the single device stops at a lower loss; differences within ``tolerance`` count as none."""
     multi_best = more["best_val_loss"].astype(float)
     diffs = multi_best - float(one["best_val_loss"])
     if (diffs > tolerance).all():
@@ -76,19 +68,71 @@ def claim_report(speedups: pd.DataFrame, time_column: str = "wall_time_s") -> li
         verdict = "higher by more than min_delta, against the claim"
     else:
         verdict = "neither lower nor higher at every device count"
-    lines.append(
+    return (
         f"Claim 3, the single device stops at a lower loss: best val_loss {one['best_val_loss']:.3f} on 1 device "
         f"against {', '.join(f'{v:.3f}' for v in multi_best)} on "
         f"{', '.join(str(int(d)) for d in more['devices'])} devices: {verdict}."
     )
-    return lines
 
 
-def pitfall_report(speedups: pd.DataFrame, time_column: str = "wall_time_s") -> list[str]:
+def claim_report(speedups: pd.DataFrame, time_column: str = "wall_time_s") -> list[str]:
+    """Sentences that set the original material's three claims against the measured runs of one epoch mode.
+
+    The claims: (1) about half the training time with more resources (speedup about 2), (2) speedup below linear,
+    (3) the single device stopped at a lower validation loss than the multi-device runs. Claim 1 is judged on the
+    largest device count, with the time per epoch alongside; claim 3 treats differences within the runs'
+    ``min_delta`` as no difference, as early stopping itself does.
+
+    Args:
+        speedups: a :func:`helpers.analysis.tables.speedup_table` of one epoch mode.
+        time_column: the time it compared.
+
+    Returns:
+        The sentences; every number in them comes from ``speedups``. One sentence saying what is missing when
+        the table has no 1-device run or no run on more devices.
+    """
+    if speedups.empty or 1 not in set(speedups["devices"].astype(int)):
+        return ["No 1-device run in the table: nothing to compare against."]
+    rows = speedups.sort_values("devices")
+    one = rows[rows["devices"] == 1].iloc[0]
+    more = rows[rows["devices"] > 1]
+    if more.empty:
+        return ["Only 1-device runs in the table: add device counts to compare."]
+    tolerance = float(one["min_delta"]) if "min_delta" in rows.columns else 0.0
+    return [
+        *_claim_half_time(one, more.iloc[-1], time_column, "time_per_epoch_s" in rows.columns),
+        _claim_sub_linear(more),
+        _claim_lower_loss(one, more, tolerance),
+    ]
+
+
+def _pitfall_sentence(n: int, r: pd.Series, w: pd.Series) -> str:
+    """The fixed-steps run ``w`` (wrong) against the one-pass run ``r`` (right), both on ``n`` devices."""
+    per_epoch_r = r["data_passes"] / r["epochs_run"]
+    per_epoch_w = w["data_passes"] / w["epochs_run"]
+    return (
+        f"{n} devices: one 'epoch' read {per_epoch_w:.1f} passes over the data the original way against "
+        f"{per_epoch_r:.1f} the right way ({per_epoch_w / per_epoch_r:.1f} x). It stopped after "
+        f"{int(w['epochs_run'])} epoch(s) ({w['data_passes']:.1f} passes, best val_loss {w['best_val_loss']:.3f}) "
+        f"against {int(r['epochs_run'])} epoch(s) ({r['data_passes']:.1f} passes, best val_loss "
+        f"{r['best_val_loss']:.3f}); time per epoch {w['time_per_epoch_s']:.1f} s against "
+        f"{r['time_per_epoch_s']:.1f} s; 'speedup' {w['speedup']:.2f} against {r['speedup']:.2f}."
+    )
+
+
+def pitfall_report(speedups: pd.DataFrame) -> list[str]:
     """Sentences comparing, at each device count above 1, the fixed-steps runs with the one-pass runs.
 
-    ``speedups`` is a :func:`speedup_table` of both epoch modes against the same 1-device baseline (``group=None``);
-    every number comes from it.
+    Args:
+        speedups: a :func:`helpers.analysis.tables.speedup_table` of both epoch modes against the same 1-device
+            baseline (``group=None``).
+
+    Returns:
+        One sentence per device count with runs in both modes; every number in them comes from ``speedups``.
+        One sentence saying so when no device count has both.
+
+    Raises:
+        CourseInputError: the table lacks a column the sentences need (it is not a ``speedup_table``).
     """
     needed = {"epoch_mode", "devices", "data_passes", "epochs_run", "time_per_epoch_s", "speedup", "best_val_loss"}
     if not needed <= set(speedups.columns):
@@ -98,19 +142,6 @@ def pitfall_report(speedups: pd.DataFrame, time_column: str = "wall_time_s") -> 
         at_n = speedups[speedups["devices"] == n]
         right = at_n[at_n["epoch_mode"] == ONE_PASS]
         wrong = at_n[at_n["epoch_mode"] == FIXED_STEPS]
-        if right.empty or wrong.empty:
-            continue
-        r, w = right.iloc[0], wrong.iloc[0]
-        per_epoch_r = r["data_passes"] / r["epochs_run"]
-        per_epoch_w = w["data_passes"] / w["epochs_run"]
-        lines.append(
-            f"{n} devices: one 'epoch' read {per_epoch_w:.1f} passes over the data the original way against "
-            f"{per_epoch_r:.1f} the right way ({per_epoch_w / per_epoch_r:.1f} x). It stopped after "
-            f"{int(w['epochs_run'])} epoch(s) ({w['data_passes']:.1f} passes, best val_loss {w['best_val_loss']:.3f}) "
-            f"against {int(r['epochs_run'])} epoch(s) ({r['data_passes']:.1f} passes, best val_loss "
-            f"{r['best_val_loss']:.3f}); time per epoch {w['time_per_epoch_s']:.1f} s against "
-            f"{r['time_per_epoch_s']:.1f} s; 'speedup' {w['speedup']:.2f} against {r['speedup']:.2f}."
-        )
-    if not lines:
-        return ["No device count has runs in both epoch modes: nothing to compare."]
-    return lines
+        if not right.empty and not wrong.empty:
+            lines.append(_pitfall_sentence(n, right.iloc[0], wrong.iloc[0]))
+    return lines or ["No device count has runs in both epoch modes: nothing to compare."]

@@ -13,12 +13,21 @@ __all__ = ["plot_pitfall", "plot_scaling", "plot_val_loss"]
 
 
 def _label(row) -> str:
+    """A run's legend label: its device count and, if known, its epoch mode."""
     return f"{row['devices']} dev, {row['epoch_mode']}" if "epoch_mode" in row else f"{row['devices']} dev"
 
 
 def plot_scaling(speedups: pd.DataFrame, time_column: str = "wall_time_s", title: str = ""):
-    """Wall time (left) and speedup (right) against devices from a :func:`speedup_table`, one line per epoch
-    mode, with the linear ideal dashed: time on 1 device / n, and speedup = n."""
+    """Time (left) and speedup (right) against devices, one line per epoch mode, the linear ideal dashed.
+
+    Args:
+        speedups: a :func:`helpers.analysis.tables.speedup_table`.
+        time_column: the time it compared.
+        title: the figure's title; empty: none.
+
+    Returns:
+        The matplotlib figure; the ideal lines are time on 1 device / n and speedup = n.
+    """
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
     if "epoch_mode" in speedups.columns:
         groups = list(speedups.groupby("epoch_mode", sort=False))
@@ -51,8 +60,17 @@ def plot_scaling(speedups: pd.DataFrame, time_column: str = "wall_time_s", title
 
 
 def plot_val_loss(table: pd.DataFrame, uri: str | None = None, title: str = "val_loss per epoch"):
-    """Each run's val_loss curve from MLflow, its stop point marked with an x (labelled with the reason), its
-    best epoch with a circle, and the stopping threshold (if any) as a dotted line."""
+    """Each run's val_loss curve from MLflow, with its stop point, its best epoch and the stopping threshold.
+
+    Args:
+        table: a :func:`helpers.analysis.tables.runs_table`.
+        uri: the tracking URI; default: the one set in this process, else the course's local store.
+        title: the axes' title.
+
+    Returns:
+        The matplotlib figure: the stop point is an x (the legend gives the reason), the best epoch a circle, the
+        stopping threshold (if any) a dotted line.
+    """
     histories = val_loss_histories(table, uri)
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
     for row in table.to_dict("records"):
@@ -77,7 +95,15 @@ def plot_val_loss(table: pd.DataFrame, uri: str | None = None, title: str = "val
 
 
 def plot_pitfall(speedups: pd.DataFrame, uri: str | None = None):
-    """val_loss of every run against epochs (left) and against passes over the training data (right)."""
+    """val_loss of every run against epochs (left) and against passes over the training data (right).
+
+    Args:
+        speedups: a :func:`helpers.analysis.tables.speedup_table` of both epoch modes.
+        uri: the tracking URI; default: the one set in this process, else the course's local store.
+
+    Returns:
+        The matplotlib figure: solid lines for one-pass runs, dashed for fixed-steps runs.
+    """
     histories = val_loss_histories(speedups, uri)
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.4), sharey=True)
     for row in speedups.to_dict("records"):

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from helpers import CourseInputError
+from helpers.validation import whole_number
 
 __all__ = ["STOP_REASONS", "stop_reason", "stop_reasons", "val_loss_histories"]
 
@@ -23,14 +23,23 @@ def stop_reason(
 ) -> tuple[str, int]:
     """Replay Lightning's ``EarlyStopping(monitor="val_loss", mode="min")`` on a run's per-epoch ``val_losses``.
 
-    Returns ``(reason, epoch)``: the first epoch (0-based) after whose validation a rule fired, and which:
-    ``"non_finite_metric"`` (NaN or inf), ``"stopping_threshold"`` (val_loss < threshold; checked before
-    patience), ``"patience"`` (``patience`` epochs in a row without improving on the best by more than
-    ``min_delta``); ``"max_epochs"`` (the last epoch) when none fired and the run reached ``max_epochs`` (or
-    ``max_epochs`` is None); ``"unknown"`` when none fired and the history ends early (an interrupted run).
+    Args:
+        val_losses: the run's ``val_loss`` after each epoch.
+        min_delta: an epoch improves only when it beats the best by more than this.
+        patience: epochs in a row without improvement that stop the run.
+        stopping_threshold: a val_loss below it stops the run; None or NaN: no threshold.
+        max_epochs: the run's epoch limit; None: the history is complete.
+
+    Returns:
+        ``(reason, epoch)``: the first epoch (0-based) after whose validation a rule fired, and which:
+        ``"non_finite_metric"`` (NaN or inf), ``"stopping_threshold"`` (checked before patience),
+        ``"patience"``; else the last epoch, with ``"max_epochs"`` when the run reached ``max_epochs`` (or it is
+        None) and ``"unknown"`` when the history ends early (an interrupted run).
+
+    Raises:
+        CourseInputError: ``patience`` is not a whole number of at least 0.
     """
-    if not isinstance(patience, int) or patience < 0:
-        raise CourseInputError(f"patience={patience!r}: pass a non-negative integer.")
+    whole_number("patience", patience, minimum=0)
     delta = abs(float(min_delta))
     threshold = (
         None if stopping_threshold is None or math.isnan(float(stopping_threshold)) else float(stopping_threshold)
@@ -54,17 +63,43 @@ def stop_reason(
 
 
 def val_loss_histories(table: pd.DataFrame, uri: str | None = None) -> dict[str, list[float]]:
-    """Each run's per-epoch ``val_loss`` from its MLflow metric history, by run id."""
+    """Each run's per-epoch ``val_loss`` from its MLflow metric history.
+
+    Args:
+        table: a :func:`helpers.analysis.tables.runs_table` (at least ``run_id``).
+        uri: the tracking URI; default: the one set in this process, else the course's local store.
+
+    Returns:
+        ``{run_id: [val_loss of epoch 0, 1, ...]}``.
+    """
     from helpers.tracking import metric_history
 
     return {run_id: [value for _, value in metric_history(run_id, "val_loss", uri)] for run_id in table["run_id"]}
 
 
+_REASON_COLUMNS = [
+    "run_id",
+    "devices",
+    "epoch_mode",
+    "epochs_run",
+    "stop_epoch",
+    "stop_reason",
+    "logged_stop_reason",
+    "agrees",
+]
+
+
 def stop_reasons(table: pd.DataFrame, uri: str | None = None) -> pd.DataFrame:
     """Why each run of ``table`` stopped, replayed from its val_loss history and its tagged settings.
 
-    Columns: ``run_id``, ``devices``, ``epoch_mode``, ``epochs_run``, ``stop_epoch``, ``stop_reason`` (replayed
-    with :func:`stop_reason`), ``logged_stop_reason`` (what Lightning reported at the time) and ``agrees``.
+    Args:
+        table: a :func:`helpers.analysis.tables.runs_table`.
+        uri: the tracking URI; default: the one set in this process, else the course's local store.
+
+    Returns:
+        Columns ``run_id``, ``devices``, ``epoch_mode``, ``epochs_run``, ``stop_epoch``, ``stop_reason``
+        (replayed with :func:`stop_reason`), ``logged_stop_reason`` (what Lightning reported at the time) and
+        ``agrees``.
     """
     histories = val_loss_histories(table, uri)
     rows = []
@@ -84,16 +119,4 @@ def stop_reasons(table: pd.DataFrame, uri: str | None = None) -> pd.DataFrame:
                 "agrees": reason == row.logged_stop_reason,
             }
         )
-    return pd.DataFrame(
-        rows,
-        columns=[
-            "run_id",
-            "devices",
-            "epoch_mode",
-            "epochs_run",
-            "stop_epoch",
-            "stop_reason",
-            "logged_stop_reason",
-            "agrees",
-        ],
-    )
+    return pd.DataFrame(rows, columns=_REASON_COLUMNS)

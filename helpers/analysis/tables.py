@@ -23,38 +23,18 @@ def _convert(value: Any, kind: type) -> Any:
     return kind(float(value)) if kind is int else kind(value)
 
 
-def runs_table(
-    experiment: str, uri: str | None = None, sweep: str | None = None, filter_string: str = ""
-) -> pd.DataFrame:
-    """The lesson's runs of ``experiment`` from ``mlflow.search_runs``, one row per finished run, typed columns.
-
-    Columns: ``run_id``, ``run_name``, ``start_time``, the ``course.*`` tags without the prefix (``devices``,
-    ``launcher``, ``epoch_mode``, ``batch_size``, ``global_batch_size``, ``steps_per_epoch``, ``train_rows``,
-    ``min_delta``, ``patience``, ``stopping_threshold`` (NaN when none), ``max_epochs``, ``sweep``, and
-    ``logged_stop_reason``: the reason Lightning reported), and the metrics ``wall_time_s``, ``job_time_s``,
-    ``epochs_run``, ``best_val_loss``, ``last_val_loss``, ``val_acc``. ``sweep`` keeps one comparison's runs;
-    ``filter_string`` adds an MLflow filter. Sorted by epoch mode, then devices, then start time. An experiment
-    without such runs gives an empty table with these columns.
-    """
+def _search(experiment: str, filters: list[str]) -> pd.DataFrame:
+    """``mlflow.search_runs`` of ``experiment`` with all ``filters``; empty when the experiment does not exist."""
     import mlflow
 
-    from helpers.tracking import resolve_uri
-
-    mlflow.set_tracking_uri(resolve_uri(uri))
-    filters = [f"tags.`{TAG}lesson` = '5'", "attributes.status = 'FINISHED'"]
-    if sweep:
-        filters.append(f"tags.`{TAG}sweep` = '{sweep}'")
-    if filter_string:
-        filters.append(filter_string)
     if mlflow.get_experiment_by_name(experiment) is None:
-        raw = pd.DataFrame()
-    else:
-        raw = mlflow.search_runs(
-            experiment_names=[experiment], filter_string=" and ".join(filters), output_format="pandas"
-        )
-    columns = ["run_id", "run_name", "start_time"] + [column for column, _ in TAGS.values()] + list(METRICS)
-    if raw.empty:
-        return pd.DataFrame(columns=columns)
+        return pd.DataFrame()
+    where = " and ".join(filters)
+    return mlflow.search_runs(experiment_names=[experiment], filter_string=where, output_format="pandas")
+
+
+def _typed(raw: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``mlflow.search_runs`` as the runs table: tags without their prefix, typed; the metrics."""
     table = pd.DataFrame(
         {"run_id": raw["run_id"], "run_name": raw.get("tags.mlflow.runName"), "start_time": raw["start_time"]}
     )
@@ -66,29 +46,47 @@ def runs_table(
     table["epochs_run"] = table["epochs_run"].astype("Int64")
     table["stopping_threshold"] = table["stopping_threshold"].astype(float)
     table["min_delta"] = table["min_delta"].astype(float)
-    return table.sort_values(["epoch_mode", "devices", "start_time"], ignore_index=True)[columns]
+    return table
 
 
-def speedup_table(
-    table: pd.DataFrame,
-    time_column: str = "wall_time_s",
-    baseline_time: float | None = None,
-    group: str | None = "epoch_mode",
+def runs_table(
+    experiment: str, uri: str | None = None, sweep: str | None = None, filter_string: str = ""
 ) -> pd.DataFrame:
-    """``table`` with ``speedup`` = time on 1 device / time on n, and ``efficiency`` = speedup / n, added.
+    """The lesson's runs of ``experiment`` from ``mlflow.search_runs``, one row per finished run, typed columns.
 
-    The baseline is ``baseline_time`` when given (taken to be a 1-device time), else, within each ``group``
-    (default: each epoch mode; ``None``: the whole table), the median time of the runs at the smallest device
-    count d0, with ``efficiency`` = speedup x d0 / n (so d0 = 1 gives speedup / n). Also adds
-    ``time_per_epoch_s`` and, when the table has the batch columns, ``data_passes`` (training rows read / rows)
-    and ``time_per_pass_s``. Raises ``CourseInputError`` for a table without ``devices`` or ``time_column``.
+    Args:
+        experiment: the MLflow experiment's name.
+        uri: the tracking URI; default: the one set in this process, else the course's local store.
+        sweep: keep only the runs of this comparison (the ``course.sweep`` tag).
+        filter_string: an MLflow filter added to the others.
+
+    Returns:
+        Columns ``run_id``, ``run_name``, ``start_time``; the ``course.*`` tags without the prefix (see
+        :data:`helpers.analysis.schema.TAGS`: ``devices``, ``epoch_mode``, ``batch_size``, ``min_delta``,
+        ``patience``, ``stopping_threshold`` (NaN when none), ... and ``logged_stop_reason``, the reason
+        Lightning reported); the metrics ``wall_time_s``, ``job_time_s``, ``epochs_run``, ``best_val_loss``,
+        ``last_val_loss``, ``val_acc``. Sorted by epoch mode, then devices, then start time. An experiment
+        without such runs gives an empty table with these columns.
     """
-    missing = {"devices", time_column} - set(table.columns)
-    if missing:
-        raise CourseInputError(f"the table has no column(s) {sorted(missing)}: pass runs_table(...)'s table.")
-    out = table.copy()
-    out["devices"] = out["devices"].astype(int)
-    out[time_column] = out[time_column].astype(float)
+    import mlflow
+
+    from helpers.tracking import resolve_uri
+
+    mlflow.set_tracking_uri(resolve_uri(uri))
+    filters = [f"tags.`{TAG}lesson` = '5'", "attributes.status = 'FINISHED'"]
+    if sweep:
+        filters.append(f"tags.`{TAG}sweep` = '{sweep}'")
+    if filter_string:
+        filters.append(filter_string)
+    raw = _search(experiment, filters)
+    columns = ["run_id", "run_name", "start_time"] + [column for column, _ in TAGS.values()] + list(METRICS)
+    if raw.empty:
+        return pd.DataFrame(columns=columns)
+    return _typed(raw).sort_values(["epoch_mode", "devices", "start_time"], ignore_index=True)[columns]
+
+
+def _add_speedup(out: pd.DataFrame, time_column: str, baseline_time: float | None, group: str | None) -> None:
+    """Add ``speedup`` and ``efficiency`` to ``out``, each ``group`` against its own baseline."""
     groups = (
         [out.index]
         if group is None or group not in out.columns
@@ -105,6 +103,10 @@ def speedup_table(
             base_time = float(rows.loc[rows["devices"] == base_devices, time_column].median())
         out.loc[index, "speedup"] = base_time / rows[time_column]
         out.loc[index, "efficiency"] = out.loc[index, "speedup"] * base_devices / rows["devices"]
+
+
+def _add_passes(out: pd.DataFrame, time_column: str) -> None:
+    """Add ``time_per_epoch_s`` and, when ``out`` has the batch columns, ``data_passes`` and ``time_per_pass_s``."""
     if "epochs_run" in out.columns:
         out["time_per_epoch_s"] = out[time_column] / out["epochs_run"].astype(float)
     if {"epochs_run", "steps_per_epoch", "batch_size", "train_rows"} <= set(out.columns):
@@ -116,4 +118,37 @@ def speedup_table(
         )
         out["data_passes"] = read / out["train_rows"].astype(float)
         out["time_per_pass_s"] = out[time_column] / out["data_passes"]
+
+
+def speedup_table(
+    table: pd.DataFrame,
+    time_column: str = "wall_time_s",
+    baseline_time: float | None = None,
+    group: str | None = "epoch_mode",
+) -> pd.DataFrame:
+    """``table`` with ``speedup`` = time on 1 device / time on n, and ``efficiency`` = speedup / n, added.
+
+    Args:
+        table: a :func:`runs_table` (at least ``devices`` and ``time_column``).
+        time_column: the time to compare, e.g. ``"wall_time_s"`` (the fit) or ``"job_time_s"`` (the whole job).
+        baseline_time: a 1-device time to compare against; default: within each ``group``, the median time of
+            the runs at the smallest device count d0, with ``efficiency`` = speedup x d0 / n (d0 = 1 gives
+            speedup / n).
+        group: the column whose values get a baseline each (default: each epoch mode); ``None``: the whole table.
+
+    Returns:
+        A copy of ``table`` with ``speedup``, ``efficiency``, ``time_per_epoch_s`` and, when the table has the
+        batch columns, ``data_passes`` (training rows read / rows) and ``time_per_pass_s``.
+
+    Raises:
+        CourseInputError: the table has no ``devices`` or no ``time_column`` column.
+    """
+    missing = {"devices", time_column} - set(table.columns)
+    if missing:
+        raise CourseInputError(f"the table has no column(s) {sorted(missing)}: pass runs_table(...)'s table.")
+    out = table.copy()
+    out["devices"] = out["devices"].astype(int)
+    out[time_column] = out[time_column].astype(float)
+    _add_speedup(out, time_column, baseline_time, group)
+    _add_passes(out, time_column)
     return out
