@@ -132,6 +132,15 @@ def declared_parameters(notebook: str | os.PathLike) -> dict[str, Declared]:
 
     The cell's source is parsed with ``ast`` rather than taken from ``papermill.inspect_notebook``, which skips
     any line with a second ``=`` (even in a comment, ``# runs HorovodRunner(np=-N)``); its help texts are used.
+
+    Args:
+        notebook: the notebook.
+
+    Returns:
+        The declared parameters by name.
+
+    Raises:
+        CourseInputError: no such notebook, not exactly one parameters cell, or a cell that is not valid Python.
     """
     import papermill
 
@@ -183,7 +192,19 @@ def _yaml_hint(value: Any, declared: Declared) -> str:
 
 
 def check_value(where: str, declared: Declared, value: Any) -> Any:
-    """``value`` if it fits ``declared`` (an int for a float becomes a float); else a ``CourseInputError``."""
+    """A parameter value checked against the notebook's declaration.
+
+    Args:
+        where: the file and notebook, for the message.
+        declared: the parameter as the notebook declares it.
+        value: the value from the parameter file or the command line.
+
+    Returns:
+        ``value`` (an int given for a float becomes a float).
+
+    Raises:
+        CourseInputError: a wrong type, list items unlike the default's, or a ``dbfs:/`` URI for a local path.
+    """
     if declared.types is not None:
         fits = isinstance(value, declared.types) and not (
             isinstance(value, bool) and bool not in declared.types  # True is an int to Python, not to us
@@ -219,7 +240,18 @@ def _section_key(key: Any) -> str | None:
 
 
 def load_params(path: str | os.PathLike, overrides: Mapping[str, Any] | None = None) -> ParamFile:
-    """Read and structurally check a parameter file (values are checked against notebooks by ``resolve_all``)."""
+    """Read and structurally check a parameter file (values are checked against notebooks by ``resolve_all``).
+
+    Args:
+        path: the YAML file.
+        overrides: ``-p NAME=VALUE`` values, which win over the file.
+
+    Returns:
+        The parsed file.
+
+    Raises:
+        CourseInputError: a missing file, invalid YAML, or an unknown or malformed section.
+    """
     import yaml
 
     path = Path(path)
@@ -275,7 +307,19 @@ def load_params(path: str | os.PathLike, overrides: Mapping[str, Any] | None = N
 
 
 def notebook_parameters(params: ParamFile, notebook: Path, declared: Mapping[str, Declared]) -> dict[str, Any]:
-    """What ``notebook`` gets: the ``common`` names it declares, then its own section; all type-checked."""
+    """What one notebook gets: the ``common`` names it declares, then its own section, then the overrides.
+
+    Args:
+        params: the parameter file.
+        notebook: the notebook.
+        declared: its declared parameters.
+
+    Returns:
+        The values by name, type-checked.
+
+    Raises:
+        CourseInputError: a section that names no parameter of it, a mismatched section name, or a bad value.
+    """
     number = notebook.stem[:2]
     where = f"{params.path} -> {notebook.stem}"
     values = {name: value for name, value in params.common.items() if name in declared}
@@ -304,6 +348,17 @@ def resolve_all(
 
     ``all_notebooks`` (default: ``notebooks``) is the whole course: a ``common`` name must be declared by at least
     one of them, and a section must match one of them (or name a lesson that is absent: a warning).
+
+    Args:
+        params: the parameter file.
+        notebooks: the notebooks to run.
+        all_notebooks: every notebook of the course.
+
+    Returns:
+        Each of ``notebooks`` with its values.
+
+    Raises:
+        CourseInputError: a name no notebook declares, or a bad value (see :func:`notebook_parameters`).
     """
     everything = list(all_notebooks if all_notebooks is not None else notebooks)
     declared = {path: declared_parameters(path) for path in everything}
@@ -323,7 +378,18 @@ def resolve_all(
 
 
 def select(notebooks: Sequence[Path], only: Sequence[str] | None) -> list[Path]:
-    """The notebooks whose stem starts with one of ``only`` (``02`` or ``02_lightning``); all when empty."""
+    """The notebooks chosen with ``--only``.
+
+    Args:
+        notebooks: every notebook.
+        only: name prefixes (``02`` or ``02_lightning``); None or empty: all.
+
+    Returns:
+        The notebooks whose stem starts with one of ``only``, in order.
+
+    Raises:
+        CourseInputError: a prefix that matches no notebook.
+    """
     if not only:
         return list(notebooks)
     chosen = [nb for nb in notebooks if any(nb.stem.startswith(prefix) for prefix in only)]
