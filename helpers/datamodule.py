@@ -10,9 +10,13 @@ import pytorch_lightning as pl
 
 from helpers import CourseInputError
 from helpers.loaders import PetastormBatches, steps_per_epoch
-from helpers.validation import whole_number
+from helpers.validation import one_of, whole_number
 
-__all__ = ["PetastormDataModule"]
+__all__ = ["EPOCH_MODES", "FIXED_STEPS", "ONE_PASS", "FixedStepsDataModule", "PetastormDataModule", "datamodule_for"]
+
+ONE_PASS = "one_pass"  # the right way: an epoch is one pass over the data whatever the device count
+FIXED_STEPS = "fixed_steps"  # the original notebooks' way: per-device batch x n, steps per epoch fixed
+EPOCH_MODES = (ONE_PASS, FIXED_STEPS)
 
 
 class PetastormDataModule(pl.LightningDataModule):
@@ -88,3 +92,49 @@ class PetastormDataModule(pl.LightningDataModule):
         for batches in self._open:
             batches.close()
         self._open.clear()
+
+
+class FixedStepsDataModule(PetastormDataModule):
+    """The original notebooks' epochs, on purpose: the wrong way to compare device counts (lesson 5's pitfall).
+
+    Each of ``device_count`` devices takes ``batch_size * device_count`` rows per step, and an epoch has the
+    1-device number of steps, ``ceil(rows / batch_size)``: an "epoch" on n devices reads about n x n times the
+    training data. (``PetastormDataModule`` is the right way: per-device batch fixed, steps divided by n.)
+    """
+
+    def __init__(
+        self,
+        train_converter,
+        val_converter,
+        batch_size: int = 64,
+        image_size: int = 32,
+        device_id: int = 0,
+        device_count: int = 1,
+        workers_count: int = 2,
+    ) -> None:
+        super().__init__(
+            train_converter,
+            val_converter,
+            batch_size * device_count,
+            image_size,
+            device_id=device_id,
+            device_count=device_count,
+            workers_count=workers_count,
+        )
+        self.steps_per_epoch = steps_per_epoch(len(train_converter), batch_size, 1)
+
+
+def datamodule_for(epoch_mode: str) -> type[PetastormDataModule]:
+    """The data module class of an epoch mode.
+
+    Args:
+        epoch_mode: ``"one_pass"`` (the right way) or ``"fixed_steps"`` (the original notebooks' pitfall).
+
+    Returns:
+        :class:`PetastormDataModule` or :class:`FixedStepsDataModule`.
+
+    Raises:
+        CourseInputError: another epoch mode.
+    """
+    one_of("epoch_mode", epoch_mode, EPOCH_MODES, f"{ONE_PASS!r} is right, {FIXED_STEPS!r} is the pitfall.")
+    return PetastormDataModule if epoch_mode == ONE_PASS else FixedStepsDataModule

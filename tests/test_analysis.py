@@ -20,13 +20,12 @@ from helpers import CourseInputError
 from helpers.analysis import (
     FIXED_STEPS,
     ONE_PASS,
-    FixedStepsDataModule,
     runs_table,
     speedup_table,
     stop_reason,
     stop_reasons,
 )
-from helpers.datamodule import PetastormDataModule
+from helpers.datamodule import FixedStepsDataModule, PetastormDataModule
 
 EXPERIMENT = "test-lesson-5"
 SWEEP = "sweep-test"
@@ -102,13 +101,19 @@ def test_fixed_steps_epochs_read_n_squared_passes(devices):
 def test_gpu_and_precision_settings_are_checked_before_a_job_starts():
     from helpers.analysis import run_training
     from helpers.devices import gpu_count
+    from helpers.worker import TrainSettings
 
-    common = dict(experiment=EXPERIMENT, sweep=SWEEP)
+    stopping = {"min_delta": 0.01, "patience": 2, "stopping_threshold": None}
     with pytest.raises(CourseInputError, match=r"^mixed_precision='yes': pass True or False\.$"):
-        run_training(1, _Rows(), _Rows(), 10, mixed_precision="yes", **common)
+        TrainSettings(mixed_precision="yes")
     devices = gpu_count() + 1  # one process more than this machine has GPUs
+    settings = TrainSettings(use_gpu=True, early_stopping=stopping, mlflow_experiment=EXPERIMENT)
     with pytest.raises(CourseInputError, match=rf"np=-{devices}, use_gpu=True\) asks for {devices} local process"):
-        run_training(devices, _Rows(), _Rows(), 10, accelerator="gpu", **common)
+        run_training(devices, _Rows(), _Rows(), 10, settings, sweep=SWEEP)
+    with pytest.raises(CourseInputError, match=r"pass a dict with exactly \('min_delta', 'patience'"):
+        run_training(1, _Rows(), _Rows(), 10, settings.replace(early_stopping=None), sweep=SWEEP)
+    with pytest.raises(CourseInputError, match=r"^launcher='ray': use one of 'horovod', 'torch_distributor'\.$"):
+        run_training(1, _Rows(), _Rows(), 10, settings.replace(use_gpu=False), sweep=SWEEP, launcher="ray")
 
 
 def test_runs_table_of_a_missing_experiment_is_empty(tmp_path):
@@ -123,39 +128,38 @@ def test_runs_table_of_a_missing_experiment_is_empty(tmp_path):
 def recorded(spark, tmp_path_factory):
     """Three real trainings in a store of their own: (uri, {expected stop reason: TrainResult})."""
     from helpers.analysis import record_run, run_training
-    from helpers.loaders import prepare_data
+    from helpers.loaders import prepare_data, steps_per_epoch
     from helpers.model import LitClassificationModel
-    from helpers.training import steps_per_epoch, train
+    from helpers.training import train
+    from helpers.worker import TrainSettings
 
     uri = f"sqlite:///{tmp_path_factory.mktemp('lesson5-mlflow') / 'mlflow.db'}"
     _, train_converter, val_converter, class_names = prepare_data(None, num_devices=2, spark=spark)
-    common = dict(experiment=EXPERIMENT, sweep=SWEEP, batch_size=64, image_size=8, learning_rate=0.05, tracking_uri=uri)
+    base = TrainSettings(
+        batch_size=64, image_size=8, learning_rate=0.05, mlflow_experiment=EXPERIMENT, tracking_uri=uri
+    )
+    data = (train_converter, val_converter, len(class_names))
     results = {
         # val_loss starts near ln(10) = 2.3 < 5: the threshold fires after the first epoch
         "stopping_threshold": run_training(
             1,
-            train_converter,
-            val_converter,
-            len(class_names),
-            max_epochs=3,
-            min_delta=0.01,
-            patience=5,
-            stopping_threshold=5.0,
-            **common,
+            *data,
+            base.replace(max_epochs=3, early_stopping={"min_delta": 0.01, "patience": 5, "stopping_threshold": 5.0}),
+            sweep=SWEEP,
         ),
         # no epoch can beat the best by 10: after the first epoch, patience 1 runs out at the second; in mixed
-        # precision (bfloat16 on the CPU), which must not change that
+        # precision (bfloat16 on the CPU), which must not change that; with the other launcher (Lightning DDP
+        # under TorchDistributor, local mode), tagged as such
         "patience": run_training(
             2,
-            train_converter,
-            val_converter,
-            len(class_names),
-            max_epochs=3,
-            min_delta=10.0,
-            patience=1,
-            stopping_threshold=None,
-            mixed_precision=True,
-            **common,
+            *data,
+            base.replace(
+                max_epochs=3,
+                early_stopping={"min_delta": 10.0, "patience": 1, "stopping_threshold": None},
+                mixed_precision=True,
+            ),
+            sweep=SWEEP,
+            launcher="torch_distributor",
         ),
     }
     model = LitClassificationModel(len(class_names), learning_rate=0.05, image_size=8)
@@ -214,7 +218,10 @@ def test_runs_table_reads_tags_and_metrics_back(recorded):
         assert row["last_val_loss"] == pytest.approx(result.last_val_loss)
         assert row["batch_size"] == int(run.data.params["batch_size"])
         assert run.data.params["precision"] == ("bf16-mixed" if reason == "patience" else "32-true")
-    assert table.loc[results["patience"].mlflow_run_id, "launcher"] == "local"
+    assert table.loc[results["patience"].mlflow_run_id, "launcher"] == "torch_distributor"
+    assert table.loc[results["stopping_threshold"].mlflow_run_id, "launcher"] == "horovod"
+    assert set(table["placement"]) == {"local"}
+    assert client.get_run(results["patience"].mlflow_run_id).data.params["launcher"] == "torch_distributor"
     assert table.loc[results["max_epochs"].mlflow_run_id, "launcher"] == "plain"
     assert math.isnan(table.loc[results["patience"].mlflow_run_id, "stopping_threshold"])
     assert table.loc[results["stopping_threshold"].mlflow_run_id, "stopping_threshold"] == 5.0

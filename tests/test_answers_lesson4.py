@@ -314,7 +314,7 @@ def ddp_train_own_trainer(train_converter, val_converter, class_count, settings,
 def ddp_train_delegated(train_converter, val_converter, class_count, settings, local_mode):
     import os
 
-    from helpers.distributor import train_process
+    from helpers.worker import train_process
 
     return train_process(
         "torch_distributor",
@@ -401,7 +401,7 @@ def small_data(digits_data):
 
 @pytest.fixture()
 def ddp_namespace(spark, small_data):
-    from helpers.distributor import TrainSettings
+    from helpers.worker import TrainSettings
 
     _, train_converter, val_converter, class_names = small_data
     settings = TrainSettings(batch_size=64, image_size=8, max_epochs=3, mlflow_experiment="not-used-by-the-check")

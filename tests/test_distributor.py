@@ -13,17 +13,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from helpers import CourseInputError
-from helpers.distributor import (
-    DistributorError,
-    TrainSettings,
-    _summarise,
-    ddp_layout,
-    make_distributor,
-    process_group_backend,
-    task_slots,
-    train_with_distributor,
-)
+from helpers.distributor import DistributorError, _summarise, ddp_layout, make_distributor, process_group_backend
+from helpers.spark import task_slots
 from helpers.tracking import tracking_uri
+from helpers.worker import TrainSettings, train_with_distributor
 
 ACCURACY_FLOOR = 0.8
 
@@ -66,8 +59,8 @@ def test_mixed_precision_reaches_the_trainer_of_a_real_horovod_run(work_dir, spa
     import horovod.torch as hvd
 
     from helpers.devices import precision_for
-    from helpers.distributor import train_hvd
     from helpers.loaders import prepare_data
+    from helpers.worker import train_hvd
 
     assert precision_for(True, use_gpu=False) == "bf16-mixed"
     _, train_converter, val_converter, class_names = prepare_data(digits_dir, num_devices=1, spark=spark)

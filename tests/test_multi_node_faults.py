@@ -28,7 +28,8 @@ from pathlib import Path
 
 report = {}
 from helpers.cluster import LocalCluster
-from helpers.distributor import DistributorError, TrainSettings, train_with_distributor
+from helpers.distributor import DistributorError
+from helpers.worker import train_with_distributor, TrainSettings
 from helpers.loaders import prepare_data
 
 WORK = Path(os.environ["COURSE_WORK_DIR"])

@@ -14,7 +14,7 @@ from __future__ import annotations
 from helpers.analysis.claims import claim_report, pitfall_report
 from helpers.analysis.plots import plot_pitfall, plot_scaling, plot_val_loss
 from helpers.analysis.replay import STOP_REASONS, stop_reason, stop_reasons, val_loss_histories
-from helpers.analysis.runs import FixedStepsDataModule, new_sweep_id, plan_sweep, record_run, run_training
+from helpers.analysis.runs import new_sweep_id, plan_sweep, record_run, run_training
 from helpers.analysis.schema import EPOCH_MODES, FIXED_STEPS, ONE_PASS, TAG
 from helpers.analysis.tables import runs_table, speedup_table
 
@@ -24,7 +24,6 @@ __all__ = [
     "ONE_PASS",
     "STOP_REASONS",
     "TAG",
-    "FixedStepsDataModule",
     "claim_report",
     "new_sweep_id",
     "pitfall_report",

@@ -1,14 +1,11 @@
 """Lesson 5: running the comparison and recording each run in MLflow.
 
-- **Running it** (:func:`run_training`): the same model and data trained with Lightning's ``EarlyStopping``
-  through ``HorovodRunner`` at a given device count (``np=-N`` on this machine, ``np=N`` on Spark). Rank 0
-  records one MLflow run (``helpers.training.train``); the driver then tags it with what the comparison needs
-  (device count, launcher, batch size, early-stopping settings, the sweep it belongs to) and logs its summary
-  metrics (epochs until stop, best and final ``val_loss``, the job's time including start-up).
-- **The epoch-size pitfall** (:class:`FixedStepsDataModule`): the original notebooks grew the per-device batch
-  with the device count and kept the steps per epoch at the 1-device value, so one "epoch" on n devices was
-  about n x n passes over the data. ``epoch_mode="fixed_steps"`` reproduces that on purpose; the right way,
-  ``"one_pass"``, keeps the per-device batch and divides the steps (``PetastormDataModule``).
+:func:`run_training` trains the same model and data with Lightning's ``EarlyStopping`` at a given device count,
+with either launcher (``helpers.worker.launch_training``). Rank 0 records one MLflow run; the driver then tags it
+with what the comparison needs (device count, launcher, where it ran, batch sizes, early-stopping settings, the
+sweep it belongs to) and logs its summary metrics (epochs until stop, best and final ``val_loss``, the job's time
+including start-up). ``settings.epoch_mode="fixed_steps"`` reproduces the original notebooks' epoch pitfall on
+purpose (``helpers.datamodule.FixedStepsDataModule``).
 """
 
 from __future__ import annotations
@@ -17,54 +14,15 @@ import time
 from typing import Any
 
 from helpers import CourseInputError
-from helpers.analysis.schema import EPOCH_MODES, FIXED_STEPS, ONE_PASS, TAG
-from helpers.datamodule import PetastormDataModule
+from helpers.analysis.schema import FIXED_STEPS, TAG
 from helpers.loaders import steps_per_epoch
 from helpers.tracking import run_name as new_run_name
-from helpers.validation import check_flag
+from helpers.validation import whole_number
+from helpers.worker import TrainSettings, launch_training
 
-__all__ = ["FixedStepsDataModule", "new_sweep_id", "plan_sweep", "record_run", "run_training", "train_worker"]
+__all__ = ["new_sweep_id", "plan_sweep", "record_run", "run_training"]
 
-# --- the pitfall's data module -------------------------------------------------------------------------------
-
-
-class FixedStepsDataModule(PetastormDataModule):
-    """The original notebooks' epochs, on purpose: the wrong way to compare device counts.
-
-    Each of ``device_count`` devices takes ``batch_size * device_count`` rows per step, and an epoch has the
-    1-device number of steps, ``ceil(rows / batch_size)``: an "epoch" on n devices reads about n x n times the
-    training data. (``PetastormDataModule`` is the right way: per-device batch fixed, steps divided by n.)
-    """
-
-    def __init__(
-        self,
-        train_converter,
-        val_converter,
-        batch_size: int = 64,
-        image_size: int = 32,
-        device_id: int = 0,
-        device_count: int = 1,
-        workers_count: int = 2,
-    ) -> None:
-        super().__init__(
-            train_converter,
-            val_converter,
-            batch_size * device_count,
-            image_size,
-            device_id=device_id,
-            device_count=device_count,
-            workers_count=workers_count,
-        )
-        self.steps_per_epoch = steps_per_epoch(len(train_converter), batch_size, 1)
-
-
-def _datamodule_class(epoch_mode: str) -> type[PetastormDataModule]:
-    if epoch_mode not in EPOCH_MODES:
-        raise CourseInputError(f"epoch_mode={epoch_mode!r}: use {ONE_PASS!r} (right) or {FIXED_STEPS!r} (pitfall).")
-    return PetastormDataModule if epoch_mode == ONE_PASS else FixedStepsDataModule
-
-
-# --- running the comparison ------------------------------------------------------------------------------------
+EARLY_STOPPING_KEYS = ("min_delta", "patience", "stopping_threshold")
 
 
 def new_sweep_id() -> str:
@@ -99,146 +57,70 @@ def plan_sweep(max_devices: int, base_settings: dict[str, Any]) -> list[dict[str
     ]
 
 
-def train_worker(
-    train_converter,
-    val_converter,
-    class_count: int,
-    *,
-    epoch_mode: str = ONE_PASS,
-    batch_size: int = 32,
-    image_size: int = 16,
-    learning_rate: float = 0.01,
-    max_epochs: int = 6,
-    early_stopping: dict[str, Any] | None = None,
-    experiment: str | None = None,
-    tracking_uri: str | None = None,
-    accelerator: str = "cpu",
-    mixed_precision: bool = False,
-    seed: int = 0,
-    run_name: str | None = None,
-    extra_params: dict[str, Any] | None = None,
-):
-    """Runs in every Horovod process: this rank's shard, the lesson 2 model, ``train`` with ``HorovodStrategy``
-    and the precision :func:`helpers.devices.precision_for` picks for this process's device.
-
-    Returns ``train``'s ``TrainResult`` (with the MLflow run id on rank 0).
-    """
-    import horovod.torch as hvd
-    import pytorch_lightning as pl
-
-    from helpers.devices import precision_for
-    from helpers.horovod_strategy import HorovodStrategy
-    from helpers.model import LitClassificationModel
-    from helpers.training import train
-
-    hvd.init()
-    pl.seed_everything(seed, verbose=False)
-    datamodule = _datamodule_class(epoch_mode)(
-        train_converter, val_converter, batch_size, image_size, device_id=hvd.rank(), device_count=hvd.size()
-    )
-    model = LitClassificationModel(class_count, learning_rate=learning_rate, image_size=image_size)
-    return train(
-        model,
-        datamodule,
-        max_epochs=max_epochs,
-        accelerator=accelerator,
-        strategy=HorovodStrategy(),
-        precision=precision_for(mixed_precision, accelerator == "gpu"),
-        early_stopping=early_stopping,
-        mlflow_experiment=experiment,
-        tracking_uri=tracking_uri,
-        run_name=run_name,
-        extra_params=extra_params,
-        progress_bar=False,
-    )
-
-
 def run_training(
     devices: int,
     train_converter,
     val_converter,
     class_count: int,
+    settings: TrainSettings,
     *,
-    experiment: str,
     sweep: str,
-    epoch_mode: str = ONE_PASS,
-    launcher: str = "local",
-    batch_size: int = 32,
-    image_size: int = 16,
-    learning_rate: float = 0.01,
-    max_epochs: int = 6,
-    min_delta: float = 0.01,
-    patience: int = 10,
-    stopping_threshold: float | None = None,
-    accelerator: str = "cpu",
-    mixed_precision: bool = False,
-    seed: int = 0,
-    tracking_uri: str | None = None,
+    launcher: str = "horovod",
+    on_spark: bool = False,
 ):
-    """Train once on ``devices`` Horovod processes and record it in MLflow for the comparison; return the
-    ``TrainResult`` (rank 0's).
+    """Train once on ``devices`` processes and record the run in MLflow for the comparison.
 
-    ``launcher="local"`` runs ``HorovodRunner(np=-devices)`` on this machine (1 device goes through Horovod too,
-    so every run has the same launcher); ``"spark"`` runs ``HorovodRunner(np=devices)`` on the active
-    SparkSession's workers. ``batch_size`` is per device in ``"one_pass"`` mode and the 1-device batch in
-    ``"fixed_steps"`` mode (which multiplies it by ``devices``). The run gets the tags ``course.*`` (sweep,
-    devices, launcher, epoch_mode, batch sizes, steps per epoch, early-stopping settings, the stop reason
-    Lightning reported) and the metrics ``epochs_run``, ``best_val_loss``, ``last_val_loss``, ``val_acc``,
-    ``job_time_s`` (the whole job: process start-up, data readers, training), next to ``train``'s own
-    ``wall_time_s`` (the fit alone) and per-epoch history. ``accelerator="gpu"`` gives every process a GPU of
-    its own (checked before a local job starts: see ``HorovodRunner(use_gpu=True)``); ``mixed_precision`` trains
-    with ``precision_for(True, ...)``, recorded as the run's ``precision`` parameter.
+    Args:
+        devices: how many training processes (1 goes through the launcher too, so every run starts alike).
+        train_converter, val_converter, class_count: the data (lesson 1's converters, the number of classes).
+        settings: the run's settings; ``learning_rate`` is the 1-device rate (the launcher scales it),
+            ``batch_size`` the per-device batch in ``"one_pass"`` mode and the 1-device batch in
+            ``"fixed_steps"`` mode; ``early_stopping`` a dict with ``min_delta``, ``patience`` and
+            ``stopping_threshold``; ``mlflow_experiment`` is required.
+        sweep: the comparison this run belongs to (:func:`new_sweep_id`).
+        launcher: ``"horovod"`` or ``"torch_distributor"``.
+        on_spark: run on the Spark workers instead of this machine.
+
+    Returns:
+        Rank 0's ``TrainResult``. The run gets the ``course.*`` tags and the summary metrics ``epochs_run``,
+        ``best_val_loss``, ``last_val_loss``, ``val_acc`` and ``job_time_s`` (the whole job: process start-up,
+        data readers, training) next to ``train``'s ``wall_time_s`` (the fit alone) and per-epoch history.
+
+    Raises:
+        CourseInputError: no experiment, early-stopping settings without the three keys, or bad settings.
+        JobError: training failed.
     """
-    from helpers.horovod_runner import HorovodRunner
-
-    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
-        raise CourseInputError(f"devices={devices!r}: pass a positive integer.")
-    if launcher not in ("local", "spark"):
-        raise CourseInputError(f"launcher={launcher!r}: use 'local' (np=-N, this machine) or 'spark' (np=N).")
-    _datamodule_class(epoch_mode)
-    check_flag("mixed_precision", mixed_precision)
+    whole_number("devices", devices)
+    if not settings.mlflow_experiment:
+        raise CourseInputError("run_training records an MLflow run: pass settings with mlflow_experiment=...")
+    stopping = settings.early_stopping
+    if not isinstance(stopping, dict) or set(stopping) != set(EARLY_STOPPING_KEYS):
+        raise CourseInputError(f"early_stopping={stopping!r}: pass a dict with exactly {EARLY_STOPPING_KEYS}.")
     rows = len(train_converter)
-    device_batch = batch_size * devices if epoch_mode == FIXED_STEPS else batch_size
-    steps = steps_per_epoch(rows, batch_size, 1 if epoch_mode == FIXED_STEPS else devices)
-    early_stopping = {"min_delta": min_delta, "patience": patience, "stopping_threshold": stopping_threshold}
-    run_name = new_run_name(epoch_mode, f"devices{devices}")
-    started = time.perf_counter()
-    runner = HorovodRunner(np=-devices if launcher == "local" else devices, use_gpu=accelerator == "gpu")
-    result = runner.run(
-        train_worker,
-        train_converter=train_converter,
-        val_converter=val_converter,
-        class_count=class_count,
-        epoch_mode=epoch_mode,
-        batch_size=batch_size,
-        image_size=image_size,
-        learning_rate=learning_rate,
-        max_epochs=max_epochs,
-        early_stopping=early_stopping,
-        experiment=experiment,
-        tracking_uri=tracking_uri,
-        accelerator=accelerator,
-        mixed_precision=mixed_precision,
-        seed=seed,
-        run_name=run_name,
-        extra_params={"epoch_mode": epoch_mode, "steps_per_epoch": steps, "train_rows": rows},
+    fixed = settings.epoch_mode == FIXED_STEPS
+    steps = steps_per_epoch(rows, settings.batch_size, 1 if fixed else devices)
+    params = {"epoch_mode": settings.epoch_mode, "steps_per_epoch": steps, "train_rows": rows}
+    settings = settings.replace(
+        run_name=f"{settings.epoch_mode}-devices{devices}-{sweep}", extra_params={**settings.extra_params, **params}
     )
-    job_time_s = time.perf_counter() - started
+    started = time.perf_counter()
+    result = launch_training(
+        launcher, devices, train_converter, val_converter, class_count, settings, on_spark=on_spark
+    )
     record_run(
         result,
         sweep=sweep,
         devices=devices,
         launcher=launcher,
-        epoch_mode=epoch_mode,
-        batch_size=device_batch,
+        placement="spark" if on_spark else "local",
+        epoch_mode=settings.epoch_mode,
+        batch_size=settings.batch_size * devices if fixed else settings.batch_size,
         steps=steps,
         train_rows=rows,
-        min_delta=min_delta,
-        patience=patience,
-        stopping_threshold=stopping_threshold,
-        max_epochs=max_epochs,
-        job_time_s=job_time_s,
-        tracking_uri=tracking_uri,
+        max_epochs=settings.max_epochs,
+        job_time_s=time.perf_counter() - started,
+        tracking_uri=settings.tracking_uri,
+        **stopping,
     )
     return result
 
@@ -259,6 +141,7 @@ def record_run(
     max_epochs: int,
     job_time_s: float | None = None,
     tracking_uri: str | None = None,
+    placement: str = "local",
 ) -> None:
     """Tag ``result``'s MLflow run for the comparison and log its summary metrics (see :func:`run_training`).
 
@@ -277,6 +160,7 @@ def record_run(
         "sweep": sweep,
         "devices": devices,
         "launcher": launcher,
+        "placement": placement,
         "epoch_mode": epoch_mode,
         "batch_size": batch_size,
         "global_batch_size": batch_size * devices,

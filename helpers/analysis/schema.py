@@ -6,11 +6,9 @@ reports) share these names, so a tag renamed here is renamed everywhere.
 
 from __future__ import annotations
 
-__all__ = ["EPOCH_MODES", "FIXED_STEPS", "METRICS", "ONE_PASS", "TAG", "TAGS"]
+from helpers.datamodule import EPOCH_MODES, FIXED_STEPS, ONE_PASS
 
-ONE_PASS = "one_pass"  # the right way: an epoch is one pass over the data whatever the device count
-FIXED_STEPS = "fixed_steps"  # the original notebooks' way: per-device batch x n, steps per epoch fixed
-EPOCH_MODES = (ONE_PASS, FIXED_STEPS)
+__all__ = ["EPOCH_MODES", "FIXED_STEPS", "METRICS", "ONE_PASS", "TAG", "TAGS"]
 
 TAG = "course."  # prefix of the tags lesson 5 sets on a run
 TAGS = {  # tag suffix -> (table column, type)
@@ -18,6 +16,7 @@ TAGS = {  # tag suffix -> (table column, type)
     "sweep": ("sweep", str),
     "devices": ("devices", int),
     "launcher": ("launcher", str),
+    "placement": ("placement", str),
     "epoch_mode": ("epoch_mode", str),
     "batch_size": ("batch_size", int),
     "global_batch_size": ("global_batch_size", int),

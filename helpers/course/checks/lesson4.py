@@ -234,16 +234,19 @@ class _FitStopped(Exception):
 
 def _ddp_helpers() -> tuple[Any, ...]:
     """The course's helpers that would do exercise 4.5 for the learner."""
-    from helpers.distributor import (
-        _ddp_process,
+    from helpers.distributor import ddp_layout, make_distributor, run_with_distributor
+    from helpers.worker import _rank_and_strategy, launch_training, train_hvd, train_process, train_with_distributor
+
+    return (
+        train_process,
+        _rank_and_strategy,
+        launch_training,
+        run_with_distributor,
+        train_hvd,
+        train_with_distributor,
         ddp_layout,
         make_distributor,
-        train_hvd,
-        train_process,
-        train_with_distributor,
     )
-
-    return train_process, _ddp_process, train_hvd, train_with_distributor, ddp_layout, make_distributor
 
 
 @contextmanager
@@ -581,7 +584,7 @@ def _slots(executors: int, cores: int, task_cpus: int, gpus: int, task_gpus: flo
 def cluster_task_slots(namespace) -> str:
     """(stretch) ``max_processes(executors, cores, task_cpus, gpus, task_gpus)``: how many training processes a
     barrier job can start at once, on clusters the check generates."""
-    from helpers.distributor import task_slots
+    from helpers.spark import task_slots
 
     max_processes = require(namespace, "max_processes")
     rng = random.Random(47)
