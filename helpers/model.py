@@ -15,6 +15,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from helpers import CourseInputError
+from helpers.validation import check_flag, one_of, whole_number
+
+__all__ = ["BACKBONES", "LitClassificationModel", "SmallCNN", "make_network"]
 
 BACKBONES = ("small_cnn", "mobilenet_v2")
 
@@ -68,14 +71,25 @@ def make_network(
 ) -> nn.Module:
     """Build the classifier network: ``backbone`` features plus a new head with ``class_count`` outputs.
 
-    ``freeze_backbone`` stops gradients in the feature extractor (``network.features``) so only the head
-    trains, the usual recipe with ``pretrained`` ImageNet weights. Raises ``CourseInputError`` for an unknown
-    backbone, a ``class_count`` below 2, or ``pretrained`` with ``"small_cnn"`` (it has no pretrained weights).
+    Args:
+        class_count: the number of classes, at least 2.
+        backbone: ``"small_cnn"`` (trains on a CPU in seconds) or ``"mobilenet_v2"`` (torchvision).
+        pretrained: start from ImageNet weights (``"mobilenet_v2"`` only).
+        freeze_backbone: stop gradients in the feature extractor (``network.features``) so only the head trains,
+            the usual recipe with ``pretrained`` weights.
+
+    Returns:
+        The ``nn.Module``, mapping images (N x 3 x H x W) to class logits.
+
+    Raises:
+        CourseInputError: an unknown backbone, a ``class_count`` below 2, a flag that is not a bool,
+            ``pretrained`` with ``"small_cnn"`` (it has no pretrained weights), or MobileNetV2 without
+            torchvision or its weights.
     """
-    if backbone not in BACKBONES:
-        raise CourseInputError(f"backbone={backbone!r} is unknown: use one of {', '.join(map(repr, BACKBONES))}.")
-    if not isinstance(class_count, int) or class_count < 2:
-        raise CourseInputError(f"class_count={class_count!r}: pass the number of classes, an integer >= 2.")
+    one_of("backbone", backbone, BACKBONES)
+    whole_number("class_count", class_count, minimum=2, hint="It is the number of classes.")
+    check_flag("pretrained", pretrained)
+    check_flag("freeze_backbone", freeze_backbone)
     if backbone == "small_cnn":
         if pretrained:
             raise CourseInputError(
@@ -96,6 +110,18 @@ class LitClassificationModel(pl.LightningModule):
     ``self.learning_rate`` is read when the optimizer is created (``configure_optimizers``), so a distributed
     strategy can scale it by the world size before that. ``image_size`` is recorded for exporting the model
     (the example input's size); the networks themselves accept any size.
+
+    Args:
+        class_count: the number of classes.
+        learning_rate: SGD's learning rate, positive.
+        momentum: SGD's momentum.
+        backbone: see :func:`make_network`, like ``pretrained`` and ``freeze_backbone``.
+        pretrained: see :func:`make_network`.
+        freeze_backbone: see :func:`make_network`.
+        image_size: the side of the images the model is exported for.
+
+    Raises:
+        CourseInputError: ``learning_rate`` is not positive, or :func:`make_network` refuses the network settings.
     """
 
     def __init__(
@@ -120,6 +146,7 @@ class LitClassificationModel(pl.LightningModule):
         return self.network(features)
 
     def _loss_and_accuracy(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-entropy and accuracy of the model on one batch."""
         logits = self(batch["features"])
         labels = batch["label_index"]
         loss = F.cross_entropy(logits, labels)

@@ -20,6 +20,15 @@ from torch import nn
 from helpers import CourseInputError
 from helpers.workdir import work_path
 
+__all__ = [
+    "load_registered_model",
+    "metric_history",
+    "resolve_uri",
+    "run_name",
+    "setup_mlflow",
+    "tracking_uri",
+]
+
 # Schema migrations and store set-up log at INFO on every new process: not useful in a notebook.
 for _name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent"):
     logging.getLogger(_name).setLevel(logging.WARNING)
@@ -39,7 +48,14 @@ def run_name(*parts: object) -> str:
 
 
 def tracking_uri(uri: str | None = None) -> str:
-    """The MLflow tracking URI to use: ``uri`` as given, or the local SQLite store under the work directory."""
+    """The MLflow tracking URI to use.
+
+    Args:
+        uri: a URI to use as given (``"databricks"``, ``"http://host:5000"``), or None.
+
+    Returns:
+        ``uri``, or the local SQLite store under the work directory when it is None or empty.
+    """
     if uri:
         return uri
     return f"sqlite:///{work_path('mlflow', 'mlflow.db')}"
@@ -51,17 +67,34 @@ def _is_local_store(uri: str) -> bool:
 
 
 def resolve_uri(uri: str | None) -> str:
-    """``uri`` if given, else the URI set earlier in this process (``setup_mlflow``), else the course default."""
+    """The store a helper should use when the caller may have set one up earlier.
+
+    Args:
+        uri: a URI to use as given, or None.
+
+    Returns:
+        ``uri`` if given, else the URI set earlier in this process (``setup_mlflow``), else the course default.
+    """
     if uri is None and mlflow.is_tracking_uri_set():
         return mlflow.get_tracking_uri()
     return tracking_uri(uri)
 
 
 def setup_mlflow(experiment: str, uri: str | None = None) -> str:
-    """Point MLflow at ``tracking_uri(uri)`` and make ``experiment`` the active experiment; return its id.
+    """Point MLflow at ``tracking_uri(uri)`` and make ``experiment`` the active experiment.
 
     The experiment is created if needed (restored if it was deleted). On a local store its artifacts go to
     ``<work_dir>/mlflow/artifacts/<experiment>``, never to ``./mlruns`` in the current directory.
+
+    Args:
+        experiment: the experiment's name, e.g. ``"lesson2-digits"``.
+        uri: the tracking URI; default: the local store under the work directory.
+
+    Returns:
+        The experiment's id.
+
+    Raises:
+        CourseInputError: ``experiment`` is empty.
     """
     if not experiment or not experiment.strip():
         raise CourseInputError("experiment is empty: pass an experiment name such as 'lesson2-digits'.")
@@ -84,10 +117,19 @@ def setup_mlflow(experiment: str, uri: str | None = None) -> str:
 
 
 def load_registered_model(name: str, version: str | int = "latest", uri: str | None = None) -> nn.Module:
-    """Load version ``version`` (a number or ``"latest"``) of registered model ``name`` as a torch module.
+    """Load a version of a registered model as a torch module.
 
-    The module maps images (N x 3 x H x W, float32) to class logits: ``model(features).argmax(dim=1)``.
-    ``uri`` defaults to the store set by ``setup_mlflow`` in this process, else the course's local store.
+    Args:
+        name: the registered model's name (``result.registered_model_name``).
+        version: a version number or ``"latest"``.
+        uri: the tracking URI; default: the store set by ``setup_mlflow`` in this process, else the course's local
+            store.
+
+    Returns:
+        The module: it maps images (N x 3 x H x W, float32) to class logits, ``model(features).argmax(dim=1)``.
+
+    Raises:
+        CourseInputError: the store has no version of ``name``.
     """
     resolved = resolve_uri(uri)
     mlflow.set_tracking_uri(resolved)
@@ -101,10 +143,16 @@ def load_registered_model(name: str, version: str | int = "latest", uri: str | N
 
 
 def metric_history(run_id: str, key: str, uri: str | None = None) -> list[tuple[int, float]]:
-    """The values of metric ``key`` logged in run ``run_id``, as ``(step, value)`` pairs sorted by step.
+    """The values of a metric logged in a run, ready to plot.
 
-    Training runs log their epoch metrics (``val_loss``, ``val_acc``, ``train_loss_epoch``) with the epoch
-    as the step, so the pairs are ready to plot.
+    Args:
+        run_id: the MLflow run.
+        key: the metric, e.g. ``"val_loss"``; training runs log their epoch metrics (``val_loss``, ``val_acc``,
+            ``train_loss_epoch``) with the epoch as the step.
+        uri: the tracking URI; default: the one set in this process, else the course's local store.
+
+    Returns:
+        ``(step, value)`` pairs sorted by step.
     """
     history = MlflowClient(resolve_uri(uri)).get_metric_history(run_id, key)
     return sorted((metric.step, metric.value) for metric in history)
