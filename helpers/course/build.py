@@ -15,6 +15,8 @@ the build keeps and the grader matches on):
 - **Instructor-only cells** are tagged ``solution-only`` and left out of the lesson.
 - **A stretch exercise** (optional, one per lesson) has its exercise cell tagged ``stretch``; it is checked like
   the others and graded as optional.
+- **Generated markdown**: each lesson's diagram and its header's run time, from :mod:`helpers.course.pages`
+  (``python -m helpers.course pages`` brings them up to date).
 - **Outputs that nbval compares** are in cells whose first line is ``# NBVAL_CHECK_OUTPUT``, saved with the
   solution. Not on check cells: nbval ignores the ``;``, and the notebook tests already require every check to pass.
 
@@ -39,6 +41,7 @@ import nbformat
 from nbformat import NotebookNode
 
 from helpers import CourseInputError
+from helpers.course import pages
 from helpers.workdir import REPO_ROOT
 
 __all__ = [
@@ -481,6 +484,7 @@ def problems(solution: NotebookNode, name: str) -> list[str]:
     found += _marker_problems(solution.cells)
     found += _parameter_problems(solution.cells)
     found += _check_problems(structure(solution), lesson_number(name))
+    found += pages.problems(solution, name)
     return found
 
 

@@ -11,13 +11,14 @@ import sys
 from collections.abc import Sequence
 
 from helpers import CourseInputError
-from helpers.course import build, grade, run
+from helpers.course import build, grade, refresh, run
 
 __all__ = ["SUBCOMMANDS", "main"]
 
 SUBCOMMANDS = {
     "build": (build, "write lessons/ from solutions/ (--check: only verify they are up to date)"),
     "grade": (grade, "grade a folder of submitted notebooks into a CSV and feedback notebooks"),
+    "pages": (refresh, "re-render the solutions' diagrams and run-time lines that are out of date (then run build)"),
     "run": (run, "run the solution notebooks with a parameter file (laptop, GPU cluster, Databricks)"),
 }
 

@@ -10,13 +10,13 @@ hash of the drawing module it was rendered from; the lesson build copies the cel
 (``make bench``, part 4b); the header cell (id ``orientation``) states it in its ``**Time:**`` line, generated
 from that number. ``tests/test_notebooks.py`` compares it with the time the notebook takes in the test run.
 
-``python -m helpers.course pages`` re-renders what is out of date into ``solutions/`` (then run ``build``);
-:func:`problems` says what is out of date, and ``build`` and ``build --check`` report it.
+``python -m helpers.course pages`` (:mod:`helpers.course.refresh`) re-renders what is out of date into
+``solutions/`` (then run ``build``); :func:`problems` says what is out of date, and ``build`` and ``build --check``
+report it.
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
 import hashlib
 import io
@@ -24,16 +24,13 @@ from pathlib import Path
 
 from nbformat import NotebookNode
 
-from helpers.course import build, diagrams
+from helpers.course import diagrams
 
 __all__ = [
     "ORIENTATION_ID",
     "RUN_SECONDS",
-    "add_arguments",
-    "command",
     "diagram_source",
     "problems",
-    "refresh",
     "render_png",
     "run_seconds",
     "time_line",
@@ -168,52 +165,3 @@ def update(nb: NotebookNode) -> None:
     """
     _refresh_diagrams(nb)
     _refresh_time(nb)
-
-
-def refresh(path: Path) -> bool:
-    """:func:`update` one solution file, and write it back if anything changed.
-
-    The notebook is read right before it is written, so edits others make to its other cells survive.
-
-    Args:
-        path: the solution notebook.
-
-    Returns:
-        True if the file was rewritten.
-
-    Raises:
-        CourseInputError: the file is not a readable notebook.
-    """
-    nb = build.read_notebook(path)
-    before = build.serialize(nb)
-    update(nb)
-    after = build.serialize(nb)
-    if after != before:
-        path.write_text(after, encoding="utf-8")
-    return after != before
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``pages`` subcommand's options.
-
-    Args:
-        parser: the subcommand's parser.
-    """
-    parser.add_argument("--solutions", type=Path, default=build.SOLUTIONS_DIR, help="solution notebooks folder")
-
-
-def command(args: argparse.Namespace) -> int:
-    """Run the ``pages`` subcommand: bring every solution's diagrams and time line up to date.
-
-    Args:
-        args: the options :func:`add_arguments` declared, parsed.
-
-    Returns:
-        0 (then run ``python -m helpers.course build`` to carry the changes to ``lessons/``).
-
-    Raises:
-        CourseInputError: a missing solutions folder or an unreadable notebook.
-    """
-    for path in build.solution_notebooks(args.solutions):
-        print(f"{'wrote' if refresh(path) else 'unchanged'} {build.display_path(path)}")
-    return 0
