@@ -1,8 +1,5 @@
-"""Image folders: the embedded default data set, the instructor's tf_flowers download, and input validation.
-
-An image folder has the layout of tf_flowers' ``flower_photos``: one sub-folder per class, image files inside.
-Class names come from the folder names, never from code.
-"""
+"""Image folders (one sub-folder of images per class, like tf_flowers' ``flower_photos``): the embedded digits,
+the instructors' tf_flowers download, and the check of a folder. Class names come from the folder names."""
 
 from __future__ import annotations
 
@@ -16,6 +13,8 @@ from pathlib import Path
 from helpers import CourseInputError
 from helpers.workdir import work_dir
 
+__all__ = ["IMAGE_EXTENSIONS", "class_folders", "download_tf_flowers", "embedded_digits", "resolve_data_dir"]
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 TF_FLOWERS_URL = "https://storage.googleapis.com/download.tensorflow.org/example_images/flower_photos.tgz"
 _DONE_MARKER = ".complete"
@@ -26,6 +25,12 @@ def embedded_digits(work: str | os.PathLike | None = None) -> Path:
 
     The folder holds ``digit_0`` ... ``digit_9``, one grayscale PNG per image, the same layout as tf_flowers.
     It is written to a temporary folder and renamed into place, so an interrupted run leaves nothing half-written.
+
+    Args:
+        work: the work directory (default: :func:`~helpers.workdir.work_dir`).
+
+    Returns:
+        ``<work>/data/digits``.
     """
     target = work_dir(work) / "data" / "digits"
     if (target / _DONE_MARKER).exists():
@@ -50,14 +55,29 @@ def embedded_digits(work: str | os.PathLike | None = None) -> Path:
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None, work: str | os.PathLike | None = None) -> Path:
-    """The image folder a notebook's ``DATA_DIR`` names, or the embedded digits when it is None."""
+    """The image folder a notebook's ``DATA_DIR`` names.
+
+    Args:
+        data_dir: an image folder, or None for the embedded digits.
+        work: the work directory the digits go under.
+
+    Returns:
+        The folder, resolved (not checked: see :func:`class_folders`).
+    """
     return embedded_digits(work) if data_dir is None else Path(data_dir).expanduser().resolve()
 
 
 def class_folders(data_dir: str | os.PathLike) -> list[str]:
-    """Validate an image folder and return its class names, sorted (the order that defines label indices).
+    """Check an image folder and return its class names.
 
-    Raises CourseInputError when the folder is missing, empty, or holds fewer than two classes with images.
+    Args:
+        data_dir: the image folder.
+
+    Returns:
+        The names of the sub-folders that hold images, sorted (the order that defines label indices).
+
+    Raises:
+        CourseInputError: the folder is missing, or holds fewer than two classes with images.
     """
     root = Path(data_dir)
     hint = "point DATA_DIR at a folder with one sub-folder of images per class (or None for the embedded digits)"
@@ -80,10 +100,17 @@ def class_folders(data_dir: str | os.PathLike) -> list[str]:
 
 
 def download_tf_flowers(dest: str | os.PathLike | None = None, url: str = TF_FLOWERS_URL) -> Path:
-    """Download and unpack tf_flowers (3,670 JPEGs in 5 class folders) for instructors; returns ``flower_photos``.
+    """Download and unpack tf_flowers (3,670 JPEGs in 5 class folders), for instructors; needs internet access.
 
-    Needs internet access (not run in CI). ``dest`` defaults to the work directory's ``data`` folder; on a cluster
-    pass shared storage (e.g. ``/dbfs/...``). Unpacks into a temporary folder first, so nothing is half-written.
+    Unpacks into a temporary folder first, so nothing is half-written; a second call reuses the folder.
+
+    Args:
+        dest: the folder to unpack into (default: the work directory's ``data``); on a cluster, shared storage
+            such as ``/dbfs/...``.
+        url: the archive to download.
+
+    Returns:
+        ``<dest>/flower_photos``.
     """
     dest_dir = Path(dest) if dest else work_dir() / "data"
     target = dest_dir / "flower_photos"

@@ -7,9 +7,21 @@ import io
 import matplotlib.pyplot as plt
 import pandas as pd
 
+__all__ = ["class_distribution", "loss_curves", "show_samples", "show_source"]
+
 
 def show_samples(df, class_names: list[str], per_class: int = 4, seed: int = 0):
-    """A grid of ``per_class`` images for each class, from a lake DataFrame (path, label, content)."""
+    """A grid of sample images, one column per class.
+
+    Args:
+        df: a lake DataFrame (``path``, ``label``, ``content``).
+        class_names: the classes, in column order.
+        per_class: images per class (rows).
+        seed: which images are picked.
+
+    Returns:
+        The matplotlib figure.
+    """
     from PIL import Image
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -40,7 +52,14 @@ def show_samples(df, class_names: list[str], per_class: int = 4, seed: int = 0):
 
 
 def class_distribution(df):
-    """A bar chart of images per class, from a DataFrame with a ``label`` column; returns the counts too."""
+    """A bar chart of images per class.
+
+    Args:
+        df: a DataFrame with a ``label`` column.
+
+    Returns:
+        The number of rows per label (a pandas Series, sorted by label).
+    """
     counts = df.groupBy("label").count().toPandas().set_index("label")["count"].sort_index()
     fig, ax = plt.subplots(figsize=(max(4, 0.6 * len(counts)), 2.8))
     counts.plot.bar(ax=ax, color="tab:blue")
@@ -52,7 +71,15 @@ def class_distribution(df):
 
 
 def loss_curves(history: pd.DataFrame, title: str = "Loss per epoch"):
-    """Line plot of a DataFrame indexed by epoch with one column per curve (e.g. train_loss, val_loss)."""
+    """A line plot of losses per epoch.
+
+    Args:
+        history: a DataFrame indexed by epoch with one column per curve (e.g. ``train_loss``, ``val_loss``).
+        title: the plot's title.
+
+    Returns:
+        The matplotlib figure.
+    """
     fig, ax = plt.subplots(figsize=(5, 3))
     history.plot(ax=ax, marker="o")
     ax.set_xlabel("epoch")
@@ -63,7 +90,11 @@ def loss_curves(history: pd.DataFrame, title: str = "Loss per epoch"):
 
 
 def show_source(obj) -> None:
-    """Show the source code of a helper function or class in the notebook, syntax-highlighted."""
+    """Show the source code of a helper function or class in the notebook, syntax-highlighted.
+
+    Args:
+        obj: a function, class or module.
+    """
     import inspect
 
     from IPython.display import Code, display

@@ -1,34 +1,8 @@
-"""``HorovodStrategy``: data-parallel training with Horovod for PyTorch Lightning 2.x.
+"""``HorovodStrategy``: data-parallel training over Horovod for PyTorch Lightning 2.x, which dropped its own.
 
-Lightning removed its Horovod strategy in 2.0. This one runs inside every process that ``HorovodRunner`` (or
-``horovodrun``) starts; each process builds its own ``Trainer`` with one device::
-
-    trainer = pl.Trainer(strategy=HorovodStrategy(), accelerator="cpu", devices=1)   # or accelerator="gpu"
-
-(``strategy="horovod"`` works too once this module is imported.) It applies the Horovod recipe:
-
-* ``hvd.init()`` in ``setup_environment``; ranks and world size come from Horovod; on GPU each process uses
-  ``cuda:<local rank>``;
-* the learning rate of every optimizer from ``configure_optimizers`` is multiplied by ``hvd.size()`` once
-  (``base_lrs`` and ``scaled_lrs`` keep both): do not scale it yourself as well (``scale_lr=False`` turns this
-  off, for runs that keep the global batch fixed);
-* the optimizers are wrapped in ``hvd.DistributedOptimizer`` (``backward_passes_per_step`` =
-  ``accumulate_grad_batches``), and the parameters and optimizer state are broadcast from rank 0;
-* ``reduce`` (``self.log(..., sync_dist=True)``), ``all_gather``, ``broadcast`` and ``barrier`` go through Horovod;
-* checkpoints and loggers act on rank 0 only.
-
-How gradients are averaged. Lightning calls ``optimizer.step(closure)`` and the closure runs the forward and
-backward passes *inside* the step. Horovod's ``DistributedOptimizer.step`` synchronizes the gradients *before*
-calling the inner step, that is before this backward pass has run, and the allreduces that the backward pass
-starts would then race with the update. So the strategy waits for the gradients itself, right after each backward
-pass (``optimizer.synchronize()``), and runs the step inside ``optimizer.skip_synchronize()``. Gradient clipping,
-which Lightning does after the backward pass, therefore clips the averaged gradients, the same on every rank.
-While Lightning accumulates gradients (``block_backward_sync``) nothing is synchronized; Horovod's hooks count
-the backward passes and allreduce on the last one.
-
-Limitations: ``group`` arguments are ignored (one global group); an LR scheduler keeps pointing at the optimizer
-from ``configure_optimizers``, which shares its parameter groups with the wrapped one, so schedules apply, but
-torch may warn once that ``lr_scheduler.step()`` came before ``optimizer.step()``.
+It runs inside every process that ``HorovodRunner`` (or ``horovodrun``) starts; each process builds its own Trainer
+with one device, ``pl.Trainer(strategy=HorovodStrategy(), accelerator="cpu", devices=1)`` (or ``"gpu"``), and
+``strategy="horovod"`` works too once this module is imported.
 """
 
 from __future__ import annotations
@@ -47,6 +21,8 @@ from pytorch_lightning.trainer.states import TrainerFn
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from torch import Tensor
 from torch.optim import Optimizer
+
+from helpers.validation import check_flag, one_of
 
 __all__ = ["HorovodStrategy"]
 
@@ -70,12 +46,7 @@ def _horovod_op(reduce_op: ReduceOp | str | None) -> Any:
     hvd = _hvd()
     name = "mean" if reduce_op is None else reduce_op if isinstance(reduce_op, str) else reduce_op.name
     ops = {"mean": hvd.Average, "avg": hvd.Average, "sum": hvd.Sum, "max": hvd.Max, "min": hvd.Min}
-    try:
-        return ops[name.lower()]
-    except KeyError:
-        raise ValueError(
-            f"HorovodStrategy.reduce does not support reduce_op={reduce_op!r}; use one of {list(ops)}."
-        ) from None
+    return ops[one_of("reduce_op", name.lower(), ops)]
 
 
 def _raw(optimizer: Optimizer) -> Optimizer:
@@ -89,16 +60,40 @@ def _is_distributed(optimizer: Optimizer) -> bool:
 
 
 class HorovodStrategy(ParallelStrategy):
-    """Lightning strategy for data-parallel training over Horovod (Gloo on CPU, NCCL or Gloo on GPU)."""
+    """Lightning strategy for data-parallel training over Horovod (Gloo on CPU, NCCL or Gloo on GPU).
+
+    It applies the Horovod recipe: ``hvd.init()`` in ``setup_environment``, one GPU per process (``cuda:<local
+    rank>``); every optimizer's learning rate multiplied by ``hvd.size()`` once (``base_lrs`` and ``scaled_lrs``
+    keep both: do not scale it yourself as well); the optimizers wrapped in ``hvd.DistributedOptimizer``
+    (``backward_passes_per_step`` = ``accumulate_grad_batches``) and the parameters and optimizer state broadcast
+    from rank 0; ``reduce`` (``self.log(..., sync_dist=True)``), ``all_gather``, ``broadcast`` and ``barrier``
+    through Horovod; checkpoints and loggers on rank 0 only.
+
+    Lightning runs the backward pass inside ``optimizer.step(closure)``, after the point where Horovod's own step
+    would synchronize the gradients. So the strategy waits for the averaged gradients right after each backward
+    pass (``optimizer.synchronize()``) and steps inside ``skip_synchronize()``: gradient clipping then clips the
+    averaged gradients, the same on every rank. While Lightning accumulates gradients nothing is synchronized.
+
+    Limitations: ``group`` arguments are ignored (one global group); an LR scheduler keeps the unwrapped optimizer,
+    which shares its parameter groups, so schedules apply, but torch may warn once that ``lr_scheduler.step()``
+    came before ``optimizer.step()``.
+
+    Args:
+        scale_lr: multiply the learning rates by the world size; False keeps them as configured, right when the
+            *global* batch is kept fixed (per-process batch = global batch / processes).
+        accelerator: Lightning's accelerator (the Trainer sets it).
+        **kwargs: ``ParallelStrategy``'s (``parallel_devices``, ``checkpoint_io``, ``precision_plugin``).
+
+    Raises:
+        CourseInputError: ``scale_lr`` is not True or False.
+    """
 
     strategy_name = "horovod"
 
     def __init__(
         self, scale_lr: bool = True, accelerator: pl.accelerators.Accelerator | None = None, **kwargs: Any
     ) -> None:
-        """``scale_lr=False`` keeps the learning rate as configured: right when the *global* batch is kept fixed
-        (per-process batch = global batch / processes) rather than the per-process batch.
-        ``kwargs`` are ``ParallelStrategy``'s (``parallel_devices``, ``checkpoint_io``, ``precision_plugin``)."""
+        check_flag("scale_lr", scale_lr)
         super().__init__(accelerator=accelerator, **kwargs)
         self.scale_lr = scale_lr
         self.base_lrs: list[list[float]] = []

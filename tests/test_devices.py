@@ -87,7 +87,7 @@ def test_use_gpu_reaches_the_trainer_settings(monkeypatch, launcher):
     """TrainSettings(use_gpu=True, mixed_precision=True) -> train(accelerator="gpu", precision=<16-bit>, ...) with
     Horovod or DDP over NCCL."""
     import helpers.training
-    from helpers import distributor
+    from helpers import worker
 
     calls = {}
     monkeypatch.setattr(helpers.training, "train", lambda model, datamodule, **kwargs: calls.update(kwargs))
@@ -96,8 +96,8 @@ def test_use_gpu_reaches_the_trainer_settings(monkeypatch, launcher):
         monkeypatch.setattr(hvd, "init", lambda *args, **kwargs: None)
         monkeypatch.setattr(hvd, "rank", lambda: 0)
         monkeypatch.setattr(hvd, "size", lambda: 2)
-    settings = distributor.TrainSettings(use_gpu=True, mixed_precision=True, max_epochs=1)
-    distributor.train_process(launcher, _Converter(), _Converter(), 10, settings, num_processes=2)
+    settings = worker.TrainSettings(use_gpu=True, mixed_precision=True, max_epochs=1)
+    worker.train_process(launcher, _Converter(), _Converter(), 10, settings, num_processes=2)
     assert calls["accelerator"] == "gpu"
     # decided in the process by its GPU: bf16 on Ampere and newer, float16 elsewhere (and without a GPU, here)
     assert calls["precision"] == precision_for(True, True) and calls["precision"] in ("bf16-mixed", "16-mixed")

@@ -235,3 +235,16 @@ def test_manual_optimization_keeps_ranks_in_step() -> None:
     first, second = HorovodRunner(np=-2).run(train_manually, steps=3)
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a, b)
+
+
+def test_bad_arguments_are_one_line_errors() -> None:
+    import torch
+
+    from helpers import CourseInputError
+    from helpers.horovod_strategy import HorovodStrategy
+
+    pytest.importorskip("horovod.torch")
+    with pytest.raises(CourseInputError, match=r"^scale_lr='no': pass True or False\.$"):
+        HorovodStrategy(scale_lr="no")
+    with pytest.raises(CourseInputError, match=r"^reduce_op='prod': use one of 'mean', 'avg', 'sum', 'max', 'min'\.$"):
+        HorovodStrategy().reduce(torch.ones(2), reduce_op="prod")
