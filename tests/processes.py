@@ -1,5 +1,5 @@
-"""Driver scripts that tests run as separate processes, and the processes a test started, found by the work folder
-in their environment (COURSE_WORK_DIR)."""
+"""Driver programs (tests/scripts/) that tests run as separate processes, and the processes a test started, found
+by the work folder in their environment (COURSE_WORK_DIR)."""
 
 from __future__ import annotations
 
@@ -39,18 +39,15 @@ def alive(pids: list[int]) -> list[int]:
     return [pid for pid in pids if psutil.pid_exists(pid)]
 
 
-def start_driver(source: str, work: Path, **constants: object) -> subprocess.Popen:
-    """Start ``source`` as a driver script in ``work`` (its COURSE_WORK_DIR), with this interpreter and the
-    repository on PYTHONPATH; ``constants`` are defined at its top (``NAME = repr(value)``). stdout is piped,
-    stderr (Spark's chatter) goes to ``driver.err`` in ``work``."""
+def start_driver(script: str, work: Path, *args: object) -> subprocess.Popen:
+    """Start the driver program ``tests/scripts/<script>.py`` with ``args`` and ``work`` as its COURSE_WORK_DIR, with
+    this interpreter and the repository on PYTHONPATH. stdout is piped, stderr (Spark's chatter) goes to
+    ``driver.err`` in ``work``."""
     work.mkdir(parents=True, exist_ok=True)
-    script = work / "driver.py"
-    script.write_text("".join(f"{name} = {value!r}\n" for name, value in constants.items()) + source)
     env = dict(os.environ, COURSE_WORK_DIR=str(work), PYTHONPATH=str(REPO))
+    command = [sys.executable, "-m", f"tests.scripts.{script}", *map(str, args)]
     with open(work / "driver.err", "w") as err:
-        return subprocess.Popen(
-            [sys.executable, str(script)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True
-        )
+        return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
 
 
 def driver_errors(work: Path) -> str:
@@ -58,10 +55,10 @@ def driver_errors(work: Path) -> str:
     return (work / "driver.err").read_text()[-4000:]
 
 
-def run_driver(source: str, work: Path, timeout: float, **constants: object) -> tuple[dict, str]:
-    """Run a driver script (see :func:`start_driver`) to its end, at most ``timeout`` seconds; return the last
+def run_driver(script: str, work: Path, timeout: float, *args: object) -> tuple[dict, str]:
+    """Run a driver program (see :func:`start_driver`) to its end, at most ``timeout`` seconds; return the last
     ``REPORT {json}`` line it printed, decoded, and its whole output."""
-    process = start_driver(source, work, **constants)
+    process = start_driver(script, work, *args)
     try:
         stdout, _ = process.communicate(timeout=timeout)
     finally:

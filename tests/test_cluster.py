@@ -1,8 +1,8 @@
 """The local Spark standalone cluster: real master, worker, executor and Python worker processes, no mocks.
 
-Each cluster session runs in a subprocess (a small driver script run with this interpreter), because a process can
-hold only one SparkContext and the shared local ``spark`` fixture must stay usable. The scripts print one JSON
-report line; the tests assert on it. Every script uses its own work directory, and "our processes" are found by
+Each cluster session runs in a subprocess (a driver program of tests/scripts/ run with this interpreter), because a
+process can hold only one SparkContext and the shared local ``spark`` fixture must stay usable. The programs print one
+JSON report line; the tests assert on it. Every script uses its own work directory, and "our processes" are found by
 that directory in their environment, so Spark runs of other test sessions on the machine do not count.
 """
 
@@ -24,138 +24,27 @@ from tests.processes import alive, driver_errors, processes_of, run_driver, star
 START_TIMEOUT = 150
 SCRIPT_TIMEOUT = 420
 
-# The driver scripts run with the repository on PYTHONPATH and share the test's process helpers.
-PRELUDE = (
-    "import json, os, sys, time\n"
-    "from tests.processes import alive, processes_of\n"
-    "WORK = os.environ['COURSE_WORK_DIR']\n"
-)
 
-MAIN_SCRIPT = (
-    PRELUDE
-    + '''
-from helpers.cluster import LocalCluster, alive_workers, master_state
-from helpers.spark import get_spark
-
-SIZING = ("spark.executor.cores", "spark.executor.memory", "spark.task.cpus", "spark.cores.max")
-
-def sizing(spark):
-    conf = spark.sparkContext.getConf()
-    return {key: conf.get(key, None) for key in SIZING}
-
-def where_am_i(rows):
-    """Runs in a Spark Python worker: the executor JVM above it, that executor's parent, this interpreter."""
-    import sys
-    import psutil
-    executor = next(
-        (p for p in psutil.Process().parents() if "CoarseGrainedExecutorBackend" in " ".join(p.cmdline())), None
-    )
-    return [{"executor": executor and executor.pid, "parent": executor and executor.ppid(),
-             "python": sys.executable, "rows": len(list(rows))}]
-
-report = {"driver_python": sys.executable}
-with LocalCluster(workers=2, start_timeout=START_TIMEOUT) as cluster:
-    report.update(master_url=cluster.master_url, ui_url=cluster.ui_url, pids=cluster.pids,
-                  worker_pids=cluster.worker_pids())
-    state = master_state(cluster.ui_url)
-    report["alive_workers"] = alive_workers(state)
-    report["aliveworkers_field"] = state.get("aliveworkers")
-    report["running"] = processes_of(WORK)
-    report["sizing"] = sizing(cluster.spark)
-    report["tasks"] = cluster.spark.sparkContext.parallelize(range(80), 8).mapPartitions(where_am_i).collect()
-
-    with LocalCluster(workers=2, master_url=cluster.master_url, start_timeout=START_TIMEOUT) as guest:
-        report["guest_pids"] = guest.pids
-        report["guest_master"] = guest.spark.sparkContext.master
-        report["guest_sum"] = guest.spark.sparkContext.parallelize(range(100), 4).sum()
-        report["guest_sizing"] = sizing(guest.spark)
-    report["after_guest_alive_workers"] = alive_workers(master_state(cluster.ui_url))
-    report["after_guest_running"] = alive(cluster.pids)
-
-    killed = cluster.kill_worker(1)
-    start = time.monotonic()
-    while cluster.alive_workers() != 1 and time.monotonic() - start < 60:
-        time.sleep(0.2)
-    report["seconds_to_notice"] = time.monotonic() - start
-    report["alive_after_kill"] = cluster.alive_workers()
-    report["killed_pid"] = killed
-    report["killed_running"] = alive([killed])
-report["left_after_exit"] = processes_of(WORK)
-report["pids_after_exit"] = alive(report["pids"])
-local = get_spark(cores=1)
-report["local_after_exit"] = [local.sparkContext.master, sizing(local)]
-local.stop()
-print("REPORT " + json.dumps(report))
-'''
-)
-
-# The exit hook below is registered before helpers.cluster is imported, so it runs after the cluster's own.
-ERROR_AND_EXIT_SCRIPT = (
-    PRELUDE
-    + """
-import atexit
-
-report = {}
-
-def check_at_exit():
-    report["exit_left"] = processes_of(WORK)
-    report["exit_pids_running"] = alive(report["exit_pids"])
-    print("REPORT " + json.dumps(report), flush=True)
-
-atexit.register(check_at_exit)
-
-from helpers.cluster import LocalCluster
-
-cluster = LocalCluster(workers=1, start_timeout=START_TIMEOUT)
-try:
-    with cluster:
-        report["error_pids"] = cluster.pids
-        report["error_running"] = processes_of(WORK)
-        raise RuntimeError("boom inside the with block")
-except RuntimeError as error:
-    report["error"] = str(error)
-report["error_left"] = processes_of(WORK)
-report["error_pids_running"] = alive(report["error_pids"])
-
-abandoned = LocalCluster(workers=1, start_timeout=START_TIMEOUT).start()
-report["exit_pids"] = abandoned.pids
-report["exit_running"] = processes_of(WORK)
-"""
-)
+def start_script(script: str, work: Path, *args: object) -> subprocess.Popen:
+    """Start a driver program of tests/scripts/ with the cluster tests' start timeout."""
+    return start_driver(script, work, START_TIMEOUT, *args)
 
 
-SIGTERM_SCRIPT = (
-    PRELUDE
-    + """
-from helpers.cluster import LocalCluster
-
-cluster = LocalCluster(workers=1, start_timeout=START_TIMEOUT).start()
-print("PIDS " + json.dumps(cluster.pids), flush=True)
-time.sleep(SCRIPT_TIMEOUT)
-"""
-)
-
-
-def start_script(source: str, work: Path) -> subprocess.Popen:
-    """Start a driver script with the cluster tests' time limits defined in it."""
-    return start_driver(source, work, START_TIMEOUT=START_TIMEOUT, SCRIPT_TIMEOUT=SCRIPT_TIMEOUT)
-
-
-def run_script(source: str, work: Path) -> tuple[dict, str]:
-    """Run a driver script to its end; return its report and its output."""
-    return run_driver(source, work, SCRIPT_TIMEOUT, START_TIMEOUT=START_TIMEOUT, SCRIPT_TIMEOUT=SCRIPT_TIMEOUT)
+def run_script(script: str, work: Path) -> tuple[dict, str]:
+    """Run a driver program of tests/scripts/ to its end; return its report and its output."""
+    return run_driver(script, work, SCRIPT_TIMEOUT, START_TIMEOUT)
 
 
 @pytest.fixture(scope="module")
 def main_run(tmp_path_factory) -> tuple[dict, str]:
     """One 2-worker cluster: registration, a job, a guest connection, a killed worker, then exit."""
-    return run_script(MAIN_SCRIPT, tmp_path_factory.mktemp("cluster-main"))
+    return run_script("cluster_main", tmp_path_factory.mktemp("cluster-main"))
 
 
 @pytest.fixture(scope="module")
 def error_run(tmp_path_factory) -> dict:
     """A cluster left by an exception, then one abandoned until the interpreter exits."""
-    report, _ = run_script(ERROR_AND_EXIT_SCRIPT, tmp_path_factory.mktemp("cluster-error"))
+    report, _ = run_script("cluster_error_and_exit", tmp_path_factory.mktemp("cluster-error"))
     return report
 
 
@@ -246,7 +135,7 @@ def test_interpreter_exit_stops_a_cluster_never_stopped(error_run):
 
 @pytest.mark.slow
 def test_sigterm_to_the_driver_stops_the_cluster_before_it_dies(tmp_path):
-    process = start_script(SIGTERM_SCRIPT, tmp_path)
+    process = start_script("cluster_sigterm", tmp_path, SCRIPT_TIMEOUT)
     try:
         pids_line = next((line for line in process.stdout if line.startswith("PIDS ")), None)
         assert pids_line, f"the cluster did not start: {driver_errors(tmp_path)}"
