@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import pytorch_lightning as pl
 
+from helpers import CourseInputError
 from helpers.datamodule import PetastormDataModule
 from helpers.model import LitClassificationModel
 
@@ -25,6 +26,16 @@ def test_an_epoch_is_one_pass_whatever_the_device_count(digits_data):
         seen += sum(len(b["label_index"]) for b in dm.train_dataloader())
         dm.teardown("fit")
     assert rows <= seen < rows + 2 * 64  # together the two devices cover the data once per epoch
+
+
+@pytest.mark.parametrize(
+    ("device_id", "device_count", "message"), [(2, 2, "below device_count=2"), (-1, 2, "at least 0")]
+)
+def test_a_device_outside_the_job_is_refused(digits_data, device_id, device_count, message):
+    with pytest.raises(CourseInputError, match=message):
+        PetastormDataModule(
+            digits_data.train_converter, digits_data.val_converter, device_id=device_id, device_count=device_count
+        )
 
 
 def test_validation_shards_cover_the_validation_set(digits_data):

@@ -5,6 +5,8 @@ Real MLflow on a SQLite store in a temporary work directory, real Lightning trai
 
 from __future__ import annotations
 
+import re
+
 import mlflow
 import pytest
 import pytorch_lightning as pl
@@ -14,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from helpers import CourseInputError
 from helpers.model import LitClassificationModel
-from helpers.tracking import load_registered_model, metric_history, setup_mlflow, tracking_uri
+from helpers.tracking import load_registered_model, metric_history, run_name, setup_mlflow, tracking_uri
 from helpers.training import train
 
 pytestmark = [
@@ -180,3 +182,9 @@ def test_untracked_training_opens_no_run_even_after_autolog(tracked, digits):
     result = train(LitClassificationModel(CLASS_COUNT, image_size=IMAGE_SIZE), digits, max_epochs=1, progress_bar=False)
     assert result.mlflow_run_id is None
     assert len(mlflow.search_runs(search_all_experiments=True, output_format="list")) == before
+
+
+def test_run_names_say_what_ran_and_never_repeat():
+    names = {run_name("small_cnn", "devices2", "") for _ in range(3)}
+    assert len(names) == 3  # same second, different random suffix
+    assert all(re.fullmatch(r"small_cnn-devices2-\d{8}-\d{6}-[0-9a-f]{4}", name) for name in names), names
