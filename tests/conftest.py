@@ -1,4 +1,5 @@
-"""Shared fixtures: a throw-away work directory for the whole run, a local SparkSession, image folders."""
+"""Shared fixtures: a throw-away work directory for the whole run, a local SparkSession, image folders; the run's
+temporary files kept in one session folder, deleted at the end, and a check that nothing is left in /tmp."""
 
 from __future__ import annotations
 
@@ -9,15 +10,61 @@ from pathlib import Path
 
 import pytest
 
-# Everything the course writes goes under COURSE_WORK_DIR: point it at a temporary folder before any helper runs,
-# so the test suite never writes into the repository's work/.
-_SESSION_WORK = Path(tempfile.mkdtemp(prefix="course-tests-"))
+# Everything the test run writes goes under one session folder, deleted at the end: the course's work directory
+# (COURSE_WORK_DIR: tables, checkpoints, MLflow stores) and the temporary folder of every process the suite starts
+# (TMPDIR for Python's tempfile, pytest's basetemp, torch elastic, Horovod, Jupyter kernels; SPARK_LOCAL_DIRS for
+# Spark's block managers; java.io.tmpdir for the JVMs' native libraries, and no hsperfdata files). Set before any
+# helper runs or any JVM starts; child processes inherit it.
+_TMP_ROOT = Path(tempfile.gettempdir())
+_TMP_BEFORE = set(os.listdir(_TMP_ROOT))
+_SESSION = Path(tempfile.mkdtemp(prefix="course-tests-"))
+_SESSION_WORK = _SESSION / "work"
+_SESSION_TMP = _SESSION / "tmp"
+_SESSION_WORK.mkdir()
+_SESSION_TMP.mkdir()
 os.environ["COURSE_WORK_DIR"] = str(_SESSION_WORK)
+os.environ["TMPDIR"] = tempfile.tempdir = str(_SESSION_TMP)
+os.environ["SPARK_LOCAL_DIRS"] = str(_SESSION_TMP)
+os.environ["JAVA_TOOL_OPTIONS"] = " ".join(
+    filter(None, [os.environ.get("JAVA_TOOL_OPTIONS"), f"-Djava.io.tmpdir={_SESSION_TMP}", "-XX:-UsePerfData"])
+)
+
+# What the tools the suite runs leave in the temporary folder when they are not redirected (or are killed).
+TEMP_LITTER = (
+    "blockmgr-",
+    "spark-",
+    "liblz4-java",
+    "snappy-",
+    "hsperfdata_",
+    "torchelastic_",
+    "torchinductor_",
+    "pytest-of-",
+    "pymp-",
+    "tmp",
+    _SESSION.name,
+)
 
 
-def pytest_sessionfinish(session, exitstatus) -> None:
-    """Nothing is left in /tmp: the session's tables, checkpoints and MLflow stores go with it."""
-    shutil.rmtree(_SESSION_WORK, ignore_errors=True)
+def litter(before: set[str], after: set[str]) -> list[str]:
+    """The entries of the temporary folder that are new since ``before`` and named like the suite's tools' files
+    (entries of unrelated processes on the machine do not count)."""
+    return sorted(name for name in after - before if name.startswith(TEMP_LITTER))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """After the session fixtures are torn down, delete the session folder; then fail the run if anything the
+    suite started still wrote into the machine's temporary folder."""
+    shutil.rmtree(_SESSION, ignore_errors=True)
+    left = litter(_TMP_BEFORE, set(os.listdir(_TMP_ROOT)))
+    if left:
+        session.config.get_terminal_writer().line(
+            f"the test run left {len(left)} entries in {_TMP_ROOT}: {', '.join(left[:20])} "
+            "(the suite's processes write temporary files under tempfile.gettempdir(), its session folder; on a shared "
+            "machine another process may have made them: run the suite alone to be sure)",
+            red=True,
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")
