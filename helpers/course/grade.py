@@ -17,6 +17,16 @@ kernel, a check cell that raised; or a duplicated exercise cell, or a file that 
 ``grades.csv`` gets one row per exercise (submission, lesson, exercise, status, detail, optional: "yes" for a
 stretch exercise) and the executed notebooks, with a summary on top, go to ``grades_feedback/`` next to it. One
 bad submission never stops the run.
+
+``--jobs N`` grades N submissions at a time. Each runs isolated (:func:`isolated_env`): its own work folder (the
+``WORK_DIR`` parameter and ``COURSE_WORK_DIR``), hence its own Delta tables, Petastorm cache and MLflow store (an
+``MLFLOW_TRACKING_URI`` set for the grader is not passed on), its own ``TMPDIR``, and no Spark web UI, the one
+fixed port the lessons use (4040, with 16 retries); the other ports are picked free at run time (torchrun
+``--standalone``, Horovod's Gloo rendezvous, lesson 4's cluster). One line is printed per finished submission:
+``[n/N] name: counts (seconds)``. The CSV is rewritten after each one, so a run that stops half-way (Ctrl-C, a
+crash, a closed laptop) loses only the notebooks that were running: run the same command again and the
+submissions already graded (rows in the CSV, and a feedback notebook newer than the submission) are kept, the rest
+graded; ``--regrade`` grades everything again. Ctrl-C starts no new submission and waits for those running.
 """
 
 from __future__ import annotations
@@ -25,9 +35,12 @@ import argparse
 import copy
 import csv
 import json
+import os
 import tempfile
+import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +60,7 @@ from helpers.course.build import (
 )
 from helpers.course.checks import ERROR, MIMETYPE, NOT_ATTEMPTED, PASSED, format_line
 from helpers.course.run import execute
+from helpers.validation import whole_number
 
 __all__ = [
     "CHECK_IMPORT",
@@ -64,6 +78,8 @@ __all__ = [
     "command",
     "grade",
     "grade_submission",
+    "graded_before",
+    "isolated_env",
     "load_lesson",
     "match_lesson",
     "read_submission",
@@ -314,6 +330,27 @@ def _add_summary(path: Path, executed: NotebookNode, grades: list[Grade]) -> Non
     nbformat.write(executed, path)
 
 
+def isolated_env(tmp: Path) -> dict[str, str | None]:
+    """The environment variables one submission's notebook runs with, so that parallel gradings share nothing.
+
+    Args:
+        tmp: the submission's own temporary folder (its ``TMPDIR`` goes under it).
+
+    Returns:
+        The variables for :func:`helpers.course.run.execute` (None: removed): the Spark web UI off (its port
+        is the one the lessons do not pick free), no MLflow store but the one in the work folder, ``TMPDIR``.
+    """
+    temp = tmp / "tmp"
+    temp.mkdir(exist_ok=True)
+    submit = os.environ.get("PYSPARK_SUBMIT_ARGS", "pyspark-shell")
+    return {
+        "PYSPARK_SUBMIT_ARGS": f"--conf spark.ui.enabled=false {submit}",
+        "MLFLOW_TRACKING_URI": None,
+        "MLFLOW_REGISTRY_URI": None,
+        "TMPDIR": str(temp),
+    }
+
+
 def grade_submission(
     path: Path, name: str, lessons: dict[str, Path], feedback: Path, timeout: float, cache: dict[str, Lesson]
 ) -> list[Grade]:
@@ -352,7 +389,8 @@ def grade_submission(
         nbformat.write(graded, source)
         # WORK_DIR only: the other parameters' defaults are the CI settings
         params = {"WORK_DIR": str(Path(tmp) / "work")}
-        run = execute(source, feedback, parameters=params, cwd=lesson.solution_dir, timeout=timeout)
+        env = isolated_env(Path(tmp))
+        run = execute(source, feedback, parameters=params, cwd=lesson.solution_dir, env=env, timeout=timeout)
     executed = _read_output(feedback)
     found = _statuses(lesson, executed)
     if run.timed_out:
@@ -392,48 +430,125 @@ def submissions(folder: Path, skip: Path) -> list[Path]:
     return found
 
 
+def graded_before(out: Path, feedback_dir: Path, names: dict[str, Path]) -> dict[str, list[Grade]]:
+    """The submissions an earlier run of the grader finished, with their rows.
+
+    Args:
+        out: the CSV that run wrote (may not exist).
+        feedback_dir: its feedback notebooks' folder.
+        names: the submissions now, by name.
+
+    Returns:
+        The rows of each submission still in ``names`` that has rows in ``out`` and a feedback notebook at least
+        as new as the submission (a resubmitted notebook is graded again). Unreadable or unmatched submissions
+        have no feedback notebook: they are checked again (in no time).
+
+    Raises:
+        CourseInputError: ``out`` exists but is not a grades CSV (it is left alone).
+    """
+    if not out.is_file():
+        return {}
+    with out.open(newline="", encoding="utf-8") as handle:
+        reader = csv.reader(handle)
+        if next(reader, None) != list(CSV_FIELDS):
+            raise CourseInputError(f"{out} is not a grades CSV (no {','.join(CSV_FIELDS)} header): pick another --out")
+        rows = [row for row in reader if len(row) == len(CSV_FIELDS)]
+    found: dict[str, list[Grade]] = defaultdict(list)
+    for name, lesson, exercise, status, detail, optional in rows:
+        found[name].append(Grade(name, lesson, exercise, status, detail, optional == "yes"))
+
+    def finished(name: str) -> bool:
+        notebook = feedback_dir / name
+        return notebook.is_file() and notebook.stat().st_mtime >= names[name].stat().st_mtime
+
+    return {name: rows for name, rows in found.items() if name in names and finished(name)}
+
+
+def _write_csv(out: Path, grades: list[Grade]) -> None:
+    """Replace ``out`` with these rows in one step (a run killed mid-write leaves the previous file)."""
+    partial = out.with_name(f".{out.name}.partial")
+    with partial.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(CSV_FIELDS)
+        writer.writerows(
+            (g.submission, g.lesson, g.exercise, g.status, g.detail, "yes" if g.optional else "") for g in grades
+        )
+    partial.replace(out)
+
+
+def _counts(rows: list[Grade]) -> str:
+    """``3 passed, 1 failed``: a submission's statuses, for the progress line."""
+    counts = Counter(row.status for row in rows)
+    return ", ".join(f"{counts[status]} {status}" for status in STATUSES if counts[status])
+
+
 def grade(
-    submissions_dir: Path, out: Path, solutions_dir: Path = SOLUTIONS_DIR, timeout: float = DEFAULT_TIMEOUT_S
+    submissions_dir: Path,
+    out: Path,
+    solutions_dir: Path = SOLUTIONS_DIR,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    jobs: int = 1,
+    regrade: bool = False,
 ) -> list[Grade]:
     """Grade every submission of a class; write ``out`` (CSV) and the executed notebooks to ``<out stem>_feedback/``.
 
     Args:
         submissions_dir: the submitted notebooks' folder.
-        out: the CSV to write.
+        out: the CSV to write; the submissions it already grades are kept (see :func:`graded_before`).
         solutions_dir: the solution notebooks' folder.
         timeout: seconds each notebook may run.
+        jobs: how many submissions are graded at a time, each isolated (:func:`isolated_env`).
+        regrade: grade every submission again, ignoring ``out``.
 
     Returns:
-        The CSV's rows.
+        The CSV's rows, in the submissions' order.
 
     Raises:
-        CourseInputError: no submissions folder, no solutions, or no submission.
+        CourseInputError: no submissions folder, no solutions, no submission, ``jobs`` below 1, or an ``out``
+            that is not a grades CSV.
     """
+    jobs = whole_number("--jobs", jobs, hint="It is how many submissions are graded at a time.")
     if not submissions_dir.is_dir():
         raise CourseInputError(f"no submissions folder at {submissions_dir}")
     lessons = {path.stem: path for path in solution_notebooks(solutions_dir)}
     if not lessons:
         raise CourseInputError(f"no solution notebooks in {display_path(solutions_dir)}")
     feedback_dir = out.parent / f"{out.stem}_feedback"
-    paths = submissions(submissions_dir, skip=feedback_dir)
-    if not paths:
+    names = {path.relative_to(submissions_dir).as_posix(): path for path in submissions(submissions_dir, feedback_dir)}
+    if not names:
         raise CourseInputError(f"no *.ipynb submissions under {submissions_dir}")
+    results = {} if regrade else graded_before(out, feedback_dir, names)
+    if results:
+        print(f"{len(results)} of {len(names)} already graded in {out} (kept; --regrade grades them again)", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     cache: dict[str, Lesson] = {}
-    grades: list[Grade] = []
-    for path in paths:
-        relative = path.relative_to(submissions_dir)
-        rows = grade_submission(path, relative.as_posix(), lessons, feedback_dir / relative, timeout, cache)
-        counts = Counter(row.status for row in rows)
-        print(f"{relative.as_posix()}: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s]), flush=True)
-        grades.extend(rows)
-    with out.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(CSV_FIELDS)
-        writer.writerows(
-            (g.submission, g.lesson, g.exercise, g.status, g.detail, "yes" if g.optional else "") for g in grades
-        )
-    return grades
+
+    def timed(name: str) -> tuple[list[Grade], float]:
+        started = time.monotonic()
+        rows = grade_submission(names[name], name, lessons, feedback_dir / name, timeout, cache)
+        return rows, time.monotonic() - started
+
+    def in_order() -> list[Grade]:
+        return [row for name in names for row in results.get(name, [])]
+
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="grade") as pool:
+        futures = {pool.submit(timed, name): name for name in names if name not in results}
+        try:
+            for future in as_completed(futures):
+                name = futures[future]
+                results[name], seconds = future.result()
+                _write_csv(out, in_order())
+                print(f"[{len(results)}/{len(names)}] {name}: {_counts(results[name])} ({seconds:.0f} s)", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted: the notebooks running finish and are recorded; run again to grade the rest", flush=True)
+            pool.shutdown(wait=True, cancel_futures=True)
+            for future, name in futures.items():
+                if name not in results and not future.cancelled() and future.exception() is None:
+                    results[name] = future.result()[0]
+            _write_csv(out, in_order())
+            raise
+    _write_csv(out, in_order())
+    return in_order()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -446,6 +561,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="CSV to write; feedback goes to <name>_feedback/")
     parser.add_argument("--solutions", type=Path, default=SOLUTIONS_DIR, help="solution notebooks folder")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per notebook")
+    parser.add_argument("--jobs", type=int, default=1, help="submissions graded at a time, each isolated (default 1)")
+    parser.add_argument("--regrade", action="store_true", help="grade again the submissions --out already grades")
 
 
 def command(args: argparse.Namespace) -> int:
@@ -462,6 +579,6 @@ def command(args: argparse.Namespace) -> int:
     """
     if args.timeout <= 0:
         raise CourseInputError(f"--timeout {args.timeout:g}: pass a positive number of seconds per notebook.")
-    grades = grade(args.submissions, args.out, args.solutions, args.timeout)
+    grades = grade(args.submissions, args.out, args.solutions, args.timeout, args.jobs, args.regrade)
     print(f"wrote {args.out} ({len(grades)} rows) and {args.out.parent / (args.out.stem + '_feedback')}/")
     return 0

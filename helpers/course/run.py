@@ -459,7 +459,7 @@ def execute(
     parameters: Mapping[str, Any] | None = None,
     kernel: str = DEFAULT_KERNEL,
     cwd: str | os.PathLike | None = None,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str | None] | None = None,
     timeout: float | None = None,
     cell_timeout: float | None = None,
 ) -> Execution:
@@ -475,7 +475,7 @@ def execute(
         parameters: values injected after the ``parameters`` cell.
         kernel: the Jupyter kernel.
         cwd: the kernel's working directory.
-        env: environment variables added for the run.
+        env: environment variables added for the run; a None value removes that variable.
         timeout: seconds for the whole notebook (default: no limit).
         cell_timeout: seconds for one cell (default: no limit).
 
@@ -494,7 +494,7 @@ def execute(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, **extra},
+        env={name: value for name, value in {**os.environ, **extra}.items() if value is not None},
         start_new_session=True,  # the kernel and what it starts: one tree to kill
     ) as process:
         try:
