@@ -153,8 +153,8 @@ def _refresh_time(nb: NotebookNode) -> None:
     header = next((cell for cell in nb.cells if cell.get("id") == ORIENTATION_ID), None)
     if seconds is None or header is None:
         return
-    lines = [time_line(seconds) if line.startswith(TIME_PREFIX) else line for line in header.source.splitlines()]
-    header.source = "\n".join(lines)
+    paragraphs = header.source.split("\n\n")  # the time line's paragraph is replaced whole, however it was wrapped
+    header.source = "\n\n".join(time_line(seconds) if p.startswith(TIME_PREFIX) else p for p in paragraphs)
 
 
 def update(nb: NotebookNode) -> None:
