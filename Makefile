@@ -4,7 +4,7 @@ PY := .venv/bin/python
 SETUP_DONE := .venv/.setup-done
 GPU ?= 0
 
-.PHONY: setup course lint test test-fast lessons lab mlflow clean bench
+.PHONY: setup course lint test test-fast lessons lab mlflow clean bench browser
 
 setup: $(SETUP_DONE)
 
@@ -28,7 +28,11 @@ lint: setup
 	$(PY) -m ruff check --quiet .
 	$(PY) -m ruff format --check --quiet .
 
-test: lint
+# Debian's chromium for the browser test (tests/test_browser.py, marker `browser`); nothing to do once installed.
+browser:
+	scripts/install_browser.sh
+
+test: lint browser
 	$(PY) -m helpers.course build --check
 	$(PY) -m pytest -q
 
@@ -40,8 +44,9 @@ test-fast: lint
 lessons: setup
 	$(PY) -m helpers.course build
 
+# 127.0.0.1 only, with a token, as root too; tests/test_browser.py starts it with the same script.
 lab: setup
-	$(PY) -m jupyter lab --ip 127.0.0.1 --no-browser --notebook-dir .
+	PYTHON=$(PY) scripts/lab.sh
 
 # Benchmarks (not tests): loading, Lightning overhead, Horovod scaling, course timings -> benchmarks/results.md.
 bench: setup
