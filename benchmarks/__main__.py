@@ -2,7 +2,8 @@
 
 Options: ``--repeats N`` (at least 5), ``--quick`` (tiny sizes: checks that everything runs, measures nothing
 useful; writes to ``benchmarks/out/`` instead), ``--only loading,lightning,horovod,course``,
-``--notebooks all|none|NAME,NAME`` (part 4: the solution notebooks to execute once each; default all).
+``--notebooks all|none|NAME,NAME`` (part 4: the solution notebooks to execute once each; default all),
+``--class-size N`` (part 5: how many lesson-1 submissions are graded, sequentially and with ``--jobs 2``; default 20).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import warnings
 from benchmarks.common import BENCH_DIR, MIN_REPEATS, Comparison, Measurement, machine_info, write_report
 
 REPO = BENCH_DIR.parent
-PARTS = ("loading", "lightning", "horovod", "course")
+PARTS = ("loading", "lightning", "horovod", "course", "grading")
 
 
 def log(message: str) -> None:
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         default="all",
         help="part 4: 'all' (default), 'none', or solution notebook names separated by commas",
     )
+    parser.add_argument("--class-size", type=int, default=20, help="part 5: submissions in the graded class")
     args = parser.parse_args(argv)
     parts = [p.strip() for p in args.only.split(",") if p.strip()]
     unknown = set(parts) - set(PARTS)
@@ -95,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         if skipped:
             missing.append("4. Notebooks not executed in this run: " + ", ".join(skipped) + ".")
         results += CourseBench(notebooks, BENCH_DIR / "out", args.repeats).run(log=log)
+    if "grading" in parts:
+        from benchmarks.grading import GradingBench
+
+        log("== 5. grading a class")
+        results += GradingBench(2 if q else args.class_size, BENCH_DIR / "out").run(log=log)
     total = time.perf_counter() - started
     md, js = write_report(machine, results, total, missing, out_dir)
     log("")

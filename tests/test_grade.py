@@ -1,19 +1,33 @@
-"""``helpers.course.grade``: broken, cheating and partly correct submissions grade to the right statuses."""
+"""``helpers.course.grade``: broken, cheating and partly correct submissions grade to the right statuses; a class
+graded with ``--jobs 2`` grades the same, each submission in its own work folder; an interrupted run resumes."""
 
 from __future__ import annotations
 
 import copy
 import csv
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from helpers import CourseInputError
 from helpers.course.build import build_lesson, read_notebook
-from helpers.course.grade import CHECK_IMPORT, RAISES_TAG, assemble, check_records, load_lesson, match_lesson
+from helpers.course.grade import (
+    CHECK_IMPORT,
+    CSV_FIELDS,
+    RAISES_TAG,
+    assemble,
+    check_records,
+    graded_before,
+    load_lesson,
+    match_lesson,
+)
+from helpers.processes import kill_tree
 from helpers.workdir import REPO_ROOT
 
 FIXTURE = REPO_ROOT / "tests" / "fixtures" / "solutions" / "99_course_fixture.ipynb"
@@ -23,6 +37,7 @@ RIGHT = {
     "ex2": "def square(x):\n    return x ** 2",
     "ex3": "evens = list(range(0, N, 2))\nodds = list(range(1, N, 2))",
 }
+RIGHT_IDS = ("99.1", "99.2", "99.3")
 FAKE_RECORD = (
     "from IPython.display import display\n"
     "def check(*args):\n"
@@ -191,6 +206,7 @@ def test_match_lesson_by_metadata_then_longest_name():
         (["{tmp}/nowhere", "--out", "{tmp}/g.csv"], "error: no submissions folder"),
         (["{tmp}", "--out", "{tmp}/g.csv", "--solutions", "{tmp}/none"], "error: no solutions folder"),
         (["{tmp}", "--out", "{tmp}/g.csv", "--solutions", str(FIXTURE.parent)], "error: no *.ipynb submissions"),
+        (["{tmp}", "--out", "{tmp}/g.csv", "--jobs", "0"], "error: --jobs=0: pass a whole number of at least 1"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path, args, message):
@@ -200,3 +216,125 @@ def test_bad_input_is_one_line(tmp_path, args, message):
     )  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.startswith(message) and result.stderr.strip().count("\n") == 0
+
+
+# A student-added cell, appended after the lesson's last cell: what the kernel saw, and when it ran.
+ENVIRONMENT_PROBE = (
+    "import json, os, time\n"
+    "started = time.time()\n"
+    "time.sleep(2)\n"
+    "print(json.dumps({'work': os.environ['COURSE_WORK_DIR'], 'tmp': os.environ['TMPDIR'], "
+    "'mlflow': os.environ.get('MLFLOW_TRACKING_URI'), 'spark': os.environ['PYSPARK_SUBMIT_ARGS'], "
+    "'started': started, 'ended': time.time()}))"
+)
+
+
+def grade_command(submissions: Path, out: Path, *options: str) -> list[str]:
+    return [sys.executable, "-m", "helpers.course", "grade", str(submissions), "--out", str(out),
+            "--solutions", str(FIXTURE.parent), "--timeout", "120", *options]  # fmt: skip
+
+
+def read_grades(out: Path) -> list[dict[str, str]]:
+    with out.open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def probe(feedback: Path) -> dict:
+    """What the environment probe printed in a graded notebook."""
+    cell = read_notebook(feedback).cells[-1]
+    return json.loads("".join(output.get("text", "") for output in cell.outputs))
+
+
+@pytest.mark.slow
+def test_jobs_2_grades_as_sequentially_each_submission_in_its_own_folders(tmp_path):
+    submissions = tmp_path / "submissions"
+    submissions.mkdir()
+    for name, answers in {
+        "alice": RIGHT,
+        "bob": {"ex1": RIGHT["ex1"], "ex2": "def square(x):\n    return 2 * x"},
+    }.items():
+        nb = answered(answers)
+        nb.cells.append(nbformat.v4.new_code_cell(ENVIRONMENT_PROBE))
+        nbformat.write(nb, submissions / f"{name}__{NAME}.ipynb")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'shared.db'}"}  # the grader's: not passed on
+    runs = {}
+    for jobs in ("1", "2"):
+        out = tmp_path / f"jobs{jobs}" / "grades.csv"
+        result = subprocess.run(
+            grade_command(submissions, out, "--jobs", jobs), capture_output=True, text=True, timeout=600, env=env
+        )
+        assert result.returncode == 0, result.stderr
+        progress = [line for line in result.stdout.splitlines() if line.startswith("[")]
+        assert sorted(line.split(" ")[0] for line in progress) == ["[1/2]", "[2/2]"]
+        assert sorted(line.split(" ")[1] for line in progress) == [f"alice__{NAME}.ipynb:", f"bob__{NAME}.ipynb:"]
+        feedback = out.parent / "grades_feedback"
+        runs[jobs] = (read_grades(out), [probe(feedback / f"{name}__{NAME}.ipynb") for name in ("alice", "bob")])
+    sequential, parallel = runs["1"], runs["2"]
+    assert parallel[0] == sequential[0]
+    assert {(row["submission"], row["exercise"], row["status"]) for row in parallel[0]} >= {
+        (f"alice__{NAME}.ipynb", "99.2", "passed"),
+        (f"bob__{NAME}.ipynb", "99.2", "failed"),
+    }
+    alice, bob = parallel[1]
+    assert alice["started"] < bob["ended"] and bob["started"] < alice["ended"], "--jobs 2 ran them one after another"
+    assert alice["work"] != bob["work"] and alice["tmp"] != bob["tmp"]
+    assert alice["mlflow"] is None and bob["mlflow"] is None
+    assert "spark.ui.enabled=false" in alice["spark"]
+
+
+@pytest.mark.slow
+def test_an_interrupted_class_resumes_without_regrading(tmp_path):
+    submissions, out = tmp_path / "submissions", tmp_path / "out" / "grades.csv"
+    submissions.mkdir()
+    for name in ("alice", "bob", "carol"):
+        nbformat.write(
+            answered(RIGHT if name != "bob" else {"ex1": RIGHT["ex1"]}), submissions / f"{name}__{NAME}.ipynb"
+        )
+    grader = subprocess.Popen(grade_command(submissions, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not out.exists() and time.monotonic() < deadline and grader.poll() is None:
+            time.sleep(0.05)
+    finally:
+        kill_tree(grader.pid)
+        grader.wait()
+    assert {row["submission"] for row in read_grades(out)} == {f"alice__{NAME}.ipynb"}, "killed after the first"
+    first = out.parent / "grades_feedback" / f"alice__{NAME}.ipynb"
+    graded_at = first.stat().st_mtime_ns
+
+    result = subprocess.run(grade_command(submissions, out), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    progress = [line for line in result.stdout.splitlines() if line.startswith("[")]
+    assert result.stdout.startswith(f"1 of 3 already graded in {out}")
+    assert [line.split(" (")[0] for line in progress] == [
+        f"[2/3] bob__{NAME}.ipynb: 1 passed, 2 not attempted",
+        f"[3/3] carol__{NAME}.ipynb: 3 passed",
+    ]
+    assert first.stat().st_mtime_ns == graded_at
+    grades = {(row["submission"], row["exercise"]): row["status"] for row in read_grades(out)}
+    assert grades == {
+        **{(f"{name}__{NAME}.ipynb", exercise): "passed" for name in ("alice", "carol") for exercise in RIGHT_IDS},
+        (f"bob__{NAME}.ipynb", "99.1"): "passed",
+        (f"bob__{NAME}.ipynb", "99.2"): "not attempted",
+        (f"bob__{NAME}.ipynb", "99.3"): "not attempted",
+    }
+
+
+def test_graded_before_keeps_rows_with_a_newer_feedback_notebook(tmp_path):
+    submitted = {name: tmp_path / "in" / name for name in ("a.ipynb", "b.ipynb", "c.ipynb")}
+    for path in submitted.values():
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("{}")
+    out, feedback = tmp_path / "grades.csv", tmp_path / "grades_feedback"
+    feedback.mkdir()
+    out.write_text(
+        ",".join(CSV_FIELDS) + "\n" + "".join(f"{n},L,1.1,passed,,\n" for n in ("a.ipynb", "b.ipynb", "gone"))
+    )
+    (feedback / "a.ipynb").write_text("{}")  # b.ipynb: rows but no feedback notebook (killed mid-run)
+    assert set(graded_before(out, feedback, submitted)) == {"a.ipynb"}
+    later = (feedback / "a.ipynb").stat().st_mtime + 10
+    os.utime(submitted["a.ipynb"], (later, later))  # resubmitted after grading
+    assert graded_before(out, feedback, submitted) == {}
+    out.write_text("name,score\nalice,3\n")
+    with pytest.raises(CourseInputError, match="is not a grades CSV"):
+        graded_before(out, feedback, submitted)
