@@ -29,7 +29,16 @@ import cloudpickle
 
 from helpers import CourseInputError
 from helpers.devices import gpu_count, horovod_gpu_support
-from helpers.jobs import JobError, JobFolder, WorkerCall, pin_threads
+from helpers.jobs import (
+    STALL_HINT,
+    CollectiveWatch,
+    JobError,
+    JobFolder,
+    StalledCollectiveError,
+    WorkerCall,
+    pin_threads,
+    stall_timeout_s,
+)
 from helpers.spark import check_gpu_per_task, configure_python_env
 from helpers.validation import check_flag, one_of
 
@@ -62,16 +71,69 @@ def _repair_launcher_env(driver_values: dict[str, str | None]) -> None:
             os.environ[name] = driver_values[name]
 
 
-class _WorkerSetup:
-    """Run first in every Horovod worker: repair the launcher's environment, take this process's share of cores."""
+#: Where the name sits among the arguments of Horovod's (0.28.1) torch functions that start a collective.
+_NAME_ARGUMENT = {"_allreduce_async": 2, "_allgather_async": 2, "_broadcast_async": 3, "_reducescatter_async": 2}
 
-    def __init__(self) -> None:
+
+def _watch_collectives(watch: CollectiveWatch) -> None:
+    """Tell ``watch`` when this process waits in a Horovod collective, and in which (its tensor's name).
+
+    Every blocking Horovod call (``hvd.allreduce``, ``DistributedOptimizer.step``, ``hvd.broadcast_parameters``, a
+    ``sync_dist`` metric) ends in ``mpi_lib.horovod_torch_wait_and_clear(handle)``; the functions that start one
+    are wrapped to remember each handle's name.
+    """
+    from horovod.torch import mpi_ops
+
+    names: dict[int, str] = {}
+
+    def named(function_name: str, position: int):
+        start = getattr(mpi_ops, function_name)
+
+        def started(*args, **kwargs):
+            handle = start(*args, **kwargs)
+            name = kwargs.get("name", args[position] if len(args) > position else None)
+            names[handle] = name or f"an unnamed {function_name.strip('_').split('_')[0]}"
+            return handle
+
+        return started
+
+    for function_name, position in _NAME_ARGUMENT.items():
+        setattr(mpi_ops, function_name, named(function_name, position))
+    wait = mpi_ops.mpi_lib.horovod_torch_wait_and_clear
+
+    def watched_wait(handle):
+        watch.enter(names.pop(handle, "a Horovod collective"))
+        try:
+            return wait(handle)
+        finally:
+            watch.leave()
+
+    mpi_ops.mpi_lib.horovod_torch_wait_and_clear = watched_wait
+
+
+class _WorkerSetup:
+    """Run first in every Horovod worker: repair the launcher's environment, take this process's share of cores,
+    bound every wait in a collective by the driver's stall bound (:class:`helpers.jobs.CollectiveWatch`)."""
+
+    def __init__(self, stall_timeout: int) -> None:
         self.driver_tuning = {name: os.environ.get(name) for name in _LAUNCHER_TUNING_ENV}
+        self.stall_timeout = stall_timeout
 
     def __call__(self) -> None:
         _repair_launcher_env(self.driver_tuning)
         local_size = int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))
         pin_threads((os.cpu_count() or 1) // max(1, local_size))
+        # Horovod's own stall inspector, where the user set nothing: warn at half the bound, shut down at twice it
+        # (the course's watch ends the job first, naming ranks and tensor; 0.28.1's inspector only sees ranks that
+        # keep submitting other tensors, never a rank that stopped calling Horovod)
+        os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, self.stall_timeout // 2)))
+        os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(2 * self.stall_timeout))
+        job = JobFolder.current()
+        rank, size = int(os.environ.get("HOROVOD_RANK", "0")), int(os.environ.get("HOROVOD_SIZE", "1"))
+        if job is not None and size > 1:
+            watch = CollectiveWatch(job, rank, size, self.stall_timeout)
+            _watch_collectives(watch)
+            watch.start()
 
 
 def _describe_exit(code: int) -> str:
@@ -101,8 +163,9 @@ def _worker_error(original: BaseException, job: JobFolder, np: int) -> HorovodWo
     cause = job.root_cause()
     silent = [rank for rank in range(np) if rank not in failures]
     if cause is not None and not cause.collateral:
+        hint = f"\n{STALL_HINT}" if StalledCollectiveError.__name__ in cause.last_line else ""
         message = (
-            f"Horovod worker rank {cause.rank} of {np} failed: {cause.last_line}\n"
+            f"Horovod worker rank {cause.rank} of {np} failed: {cause.last_line}{hint}\n"
             f"--- traceback from rank {cause.rank} ---\n{cause.text}"
         )
         code = exit_code if cause.rank == first_rank else None
@@ -121,6 +184,17 @@ def _worker_error(original: BaseException, job: JobFolder, np: int) -> HorovodWo
         message = f"Horovod worker rank {cause.rank} of {np} failed:\n{cause.text}"
         return HorovodWorkerError(message, rank=cause.rank, reason=cause.last_line, worker_traceback=cause.text)
     return HorovodWorkerError(f"The Horovod job failed: {original}")
+
+
+def _require_horovod() -> None:
+    """Raise :class:`CourseInputError` in one line when Horovod cannot be imported here."""
+    try:
+        import horovod  # noqa: F401
+    except ImportError:
+        raise CourseInputError(
+            "HorovodRunner needs Horovod, which is not installed here (Databricks Runtime 16.0 ML and later ship "
+            'none): use launcher="torch_distributor" (TorchDistributor) instead.'
+        ) from None
 
 
 def _check_local_gpus(np: int, gpus: int, support: dict[str, bool]) -> None:
@@ -203,16 +277,21 @@ class HorovodRunner:
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every process; return what rank 0 returned.
 
-        Raises :class:`CourseInputError` if ``main`` or ``kwargs`` cannot be pickled or a local GPU job lacks
-        a GPU per process or a Horovod built with CUDA, and :class:`HorovodWorkerError` if a worker raises or dies.
+        Raises :class:`CourseInputError` if Horovod is not installed, ``main`` or ``kwargs`` cannot be pickled or
+        a local GPU job lacks a GPU per process or a Horovod built with CUDA, and :class:`HorovodWorkerError` if a
+        worker raises or dies, or waits in one collective longer than the stall bound
+        (``COURSE_STALL_TIMEOUT_S``, :func:`helpers.jobs.stall_timeout_s`): then it names the collective and the
+        ranks that did not join.
         """
         if not callable(main):
             raise CourseInputError(f"HorovodRunner.run needs a function to run, got {type(main).__name__}.")
+        _require_horovod()
         self._check_picklable(main, kwargs)
         self._check_resources()
         configure_python_env()
+        setup = _WorkerSetup(stall_timeout_s())
         job = JobFolder.create("horovod")
-        call = WorkerCall(main, job, rank_env="HOROVOD_RANK", setup=_WorkerSetup())
+        call = WorkerCall(main, job, rank_env="HOROVOD_RANK", setup=setup)
         try:
             results = self._launch(call, kwargs)
         except Exception as exc:

@@ -16,6 +16,8 @@ import json
 import os
 import re
 import shutil
+import sys
+import threading
 import time
 import traceback
 import uuid
@@ -25,20 +27,37 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from helpers.validation import whole_number
 from helpers.workdir import work_dir
 
 __all__ = [
+    "DEFAULT_STALL_TIMEOUT_S",
     "JOB_DIR_ENV",
+    "STALL_HINT",
+    "STALL_TIMEOUT_ENV",
+    "CollectiveWatch",
     "Failure",
     "JobError",
     "JobFolder",
+    "StalledCollectiveError",
     "WorkerCall",
     "is_collateral",
     "pin_threads",
     "record_mlflow_run",
+    "stall_timeout_s",
 ]
 
 JOB_DIR_ENV = "COURSE_JOB_DIR"  # set in every worker process: its job's folder
+
+#: How long a rank may wait in one collective (allreduce, broadcast, ...) before the job is ended as stalled.
+STALL_TIMEOUT_ENV = "COURSE_STALL_TIMEOUT_S"
+#: The course default: far above a step on the laptop, far below the grader's per-notebook timeout; raise it on a
+#: cluster whose first steps are slow (NCCL start-up, data caching): see docs/instructor.md.
+DEFAULT_STALL_TIMEOUT_S = 120
+STALL_HINT = (
+    "Usual causes: uneven shards (a rank with fewer batches), a rank that skipped a step or raised before the "
+    "allreduce, a metric logged with sync_dist=True on one rank only."
+)
 
 # what a rank raises when *another* rank stopped: Horovod's shutdown, torch.distributed's broken connections
 _COLLATERAL_TYPES = ("HorovodInternalError", "DistNetworkError", "DistBackendError")
@@ -185,6 +204,24 @@ class JobFolder:
             except Exception as exc:  # an unreachable store must not hide the worker's error
                 warnings.warn(f"could not mark the MLflow run {record['run_id']} FAILED: {exc}", stacklevel=2)
 
+    def record_waiting(self, rank: int, collective: str) -> None:
+        """Note that ``rank`` has been waiting a while in ``collective`` (see :class:`CollectiveWatch`)."""
+        _write_atomically(self.path / f"waiting-rank-{rank}.json", json.dumps({"collective": collective}).encode())
+
+    def clear_waiting(self, rank: int) -> None:
+        """``rank`` left the collective it was noted waiting in."""
+        (self.path / f"waiting-rank-{rank}.json").unlink(missing_ok=True)
+
+    def waiting(self) -> dict[int, str]:
+        """The collective each rank has been noted waiting in, by rank."""
+        found = {}
+        for path in self.path.glob("waiting-rank-*.json"):
+            try:
+                found[int(path.stem.rsplit("-", 1)[1])] = json.loads(path.read_text())["collective"]
+            except FileNotFoundError:  # the rank left it meanwhile
+                continue
+        return found
+
     def write_result(self, data: bytes) -> None:
         """Store rank 0's pickled result, for launchers that do not return it themselves."""
         _write_atomically(self.path / "result.pkl", data)
@@ -211,6 +248,88 @@ def record_mlflow_run(run_id: str, tracking_uri: str) -> None:
     job = JobFolder.current()
     if job is not None:
         job.record_mlflow_run(run_id, tracking_uri)
+
+
+def stall_timeout_s() -> int:
+    """The stall bound in seconds: ``COURSE_STALL_TIMEOUT_S`` if set, else :data:`DEFAULT_STALL_TIMEOUT_S`.
+
+    Returns:
+        How long a rank may wait in one collective before its job is ended.
+
+    Raises:
+        CourseInputError: the variable is not a whole number of seconds of at least 1.
+    """
+    value = os.environ.get(STALL_TIMEOUT_ENV)
+    if value is None:
+        return DEFAULT_STALL_TIMEOUT_S
+    number = int(value) if value.strip().isdigit() else value
+    return whole_number(STALL_TIMEOUT_ENV, number, hint="It bounds one wait in a collective, in seconds.")
+
+
+class StalledCollectiveError(RuntimeError):
+    """A rank waited longer than the stall bound in one collective: the other ranks never joined it."""
+
+
+class CollectiveWatch(threading.Thread):
+    """Inside a worker: ends the process when it waits in one collective longer than the stall bound.
+
+    A launcher's hooks call :meth:`enter` and :meth:`leave` around every blocking collective. A wait longer than a
+    second is noted in the job folder (so a stalled rank can say where the others wait); a wait longer than
+    ``timeout_s`` is recorded as this rank's failure (a :class:`StalledCollectiveError` naming the collective and
+    the ranks that did not join) and the process exits, which ends the job; the driver adds :data:`STALL_HINT`.
+
+    Args:
+        job: the job's folder.
+        rank, world_size: this process's rank and the number of processes.
+        timeout_s: the stall bound in seconds.
+    """
+
+    def __init__(self, job: JobFolder, rank: int, world_size: int, timeout_s: float, poll_s: float = 0.25):
+        super().__init__(name="course-collective-watch", daemon=True)
+        self.job, self.rank, self.world_size = job, rank, world_size
+        self.timeout_s, self.poll_s = timeout_s, poll_s
+        self._lock = threading.Lock()
+        self._current: tuple[str, float] | None = None
+        self._noted = False
+
+    def enter(self, collective: str) -> None:
+        """This rank starts waiting in ``collective``."""
+        with self._lock:
+            self._current, self._noted = (collective, time.monotonic()), False
+
+    def leave(self) -> None:
+        """This rank's wait is over."""
+        with self._lock:
+            if self._noted:
+                self.job.clear_waiting(self.rank)
+            self._current, self._noted = None, False
+
+    def run(self) -> None:
+        while True:
+            time.sleep(self.poll_s)
+            with self._lock:
+                if self._current is None:
+                    continue
+                collective, since = self._current
+                waited = time.monotonic() - since
+                if waited > 1 and not self._noted:
+                    self.job.record_waiting(self.rank, collective)
+                    self._noted = True
+            if waited > self.timeout_s:
+                self._fail(collective, waited)
+
+    def _fail(self, collective: str, waited: float) -> None:
+        """Record the stall as this rank's failure and end the process (the launcher then stops the others)."""
+        elsewhere = self.job.waiting()
+        missing = [r for r in range(self.world_size) if r != self.rank and elsewhere.get(r) != collective]
+        where = ", ".join(f"{r} (waiting in {elsewhere[r]!r})" if r in elsewhere else str(r) for r in missing)
+        error = StalledCollectiveError(
+            f"rank {self.rank} waited {waited:.0f} s in {collective!r}; rank(s) {where or '?'} did not join it "
+            f"(stall bound {self.timeout_s:g} s, {STALL_TIMEOUT_ENV})"
+        )
+        self.job.record_failure(self.rank, error)
+        print(f"{type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        os._exit(1)
 
 
 def pin_threads(threads: int) -> int:
