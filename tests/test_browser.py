@@ -52,9 +52,11 @@ KERNEL = "Scaling DL on Spark"
 # What an attendee types into exercise 1.1: the file name instead of its folder, then the folder.
 WRONG_ANSWER = 'def label_column(df):\n    return df.withColumn("label", F.element_at(F.split("path", "/"), -1))\n'
 RIGHT_ANSWER = 'def label_column(df):\n    return df.withColumn("label", F.element_at(F.split("path", "/"), -2))\n'
-# JupyterLab settings for the test's own settings folder: the lesson is never saved, no news is fetched.
+# JupyterLab settings for the test's own settings folder: the lesson is never saved, every cell stays in the page
+# (by default only those near the view are), no news is fetched.
 LAB_SETTINGS = {
     "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
+    "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
     "@jupyterlab/apputils-extension/notification": {"fetchNews": "false"},
 }
 
@@ -238,7 +240,7 @@ def chromium(scratch: Path):
 
 
 def cell(page, index: int):
-    """The notebook cell at ``index`` (JupyterLab renders only the cells near the view: this one must be)."""
+    """The notebook cell at ``index``."""
     return page.locator(f".jp-NotebookPanel .jp-Cell[data-windowed-list-index='{index}']")
 
 
