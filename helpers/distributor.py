@@ -29,7 +29,7 @@ from typing import Any
 import cloudpickle
 
 from helpers import CourseInputError
-from helpers.jobs import JobError, JobFolder, WorkerCall, pin_threads
+from helpers.jobs import STALL_HINT, STALL_TIMEOUT_ENV, JobError, JobFolder, WorkerCall, pin_threads, stall_timeout_s
 from helpers.spark import check_gpu_per_task, configure_python_env, executor_count, task_slots
 from helpers.validation import whole_number
 
@@ -42,6 +42,10 @@ __all__ = [
     "watched_job",
 ]
 
+# a collective that ran past the process group's timeout (Gloo; NCCL's watchdog)
+_TIMED_OUT = re.compile(r"Timed out waiting|collective operation timeout|Watchdog caught", re.IGNORECASE)
+# a frame of the user's code in a traceback, and the line it ran
+_USER_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line \d+, in \S+\n\s*(?P<code>\S.*)$', re.MULTILINE)
 # a Python error line of a training process, possibly prefixed by torchrun with its rank
 _ERROR_LINE = re.compile(
     r"^\s*(?:\[(?:rank|default)\d+\]:\s*)?([\w.]+(?:Error|Exception|Interrupt)\b.*)$", re.MULTILINE
@@ -199,14 +203,17 @@ def _summarise(error: BaseException) -> str:
     return first[:300]
 
 
-class _PinThreads:
-    """Run first in every TorchDistributor process: take ``threads`` compute threads."""
+class _WorkerSetup:
+    """Run first in every TorchDistributor process: take ``threads`` compute threads; the driver's stall bound
+    (the process group's timeout, see :func:`helpers.jobs.stall_timeout_s`)."""
 
-    def __init__(self, threads: int):
+    def __init__(self, threads: int, stall_timeout: int):
         self.threads = threads
+        self.stall_timeout = stall_timeout
 
     def __call__(self) -> None:
         pin_threads(self.threads)
+        os.environ[STALL_TIMEOUT_ENV] = str(self.stall_timeout)
 
 
 class _SaveRankZeroResult:
@@ -260,7 +267,8 @@ def run_with_distributor(
     num_processes, local_mode = distributor.num_processes, distributor.local_mode
     job = JobFolder.create("torch_distributor")
     threads = _threads_per_process(spark, num_processes, local_mode)
-    call = WorkerCall(_SaveRankZeroResult(fn), job, rank_env="RANK", setup=_PinThreads(threads))
+    setup = _WorkerSetup(threads, stall_timeout_s())
+    call = WorkerCall(_SaveRankZeroResult(fn), job, rank_env="RANK", setup=setup)
     watch = watched_job(spark, num_processes) if fail_fast and not local_mode else contextlib.nullcontext()
     started = time.monotonic()
     with watch as watchdog:
@@ -276,6 +284,26 @@ def run_with_distributor(
             job.remove()
 
 
+def _stall_reason(job: JobFolder, num_processes: int) -> str | None:
+    """When ranks of the job timed out in a collective: which, where in their code, which ranks did not join, and
+    the usual causes (:data:`helpers.jobs.STALL_HINT`); else None."""
+    timed_out = {rank: f.text for rank, f in job.failures().items() if _TIMED_OUT.search(f.text)}
+    if not timed_out:
+        return None
+    waited = []
+    for rank, text in sorted(timed_out.items()):
+        frames = [
+            m for m in _USER_FRAME.finditer(text) if "site-packages" not in m["file"] and "<frozen" not in m["file"]
+        ]
+        waited.append(f"{rank} (at `{frames[-1]['code'].strip()}`)" if frames else str(rank))
+    missing = ", ".join(str(rank) for rank in range(num_processes) if rank not in timed_out) or "?"
+    return (
+        f"a collective stalled: rank(s) {', '.join(waited)} waited longer than the stall bound "
+        f"({stall_timeout_s()} s, {STALL_TIMEOUT_ENV}) and rank(s) {missing} "
+        f"did not join it. {STALL_HINT.rstrip('.')}"
+    )
+
+
 def _distributor_error(
     exc: BaseException, watchdog, job: JobFolder, checkpoint_dir: str | None, distributor, elapsed: float
 ) -> DistributorError:
@@ -283,7 +311,10 @@ def _distributor_error(
     lost executor (no Python error); else an echo of another rank's failure; else the best line of Spark's error."""
     cause = job.root_cause()
     lost = watchdog.reason if watchdog is not None else None
-    if cause is not None and (not cause.collateral or lost is None):
+    stall = _stall_reason(job, distributor.num_processes)
+    if stall and (cause is None or cause.collateral):
+        reason = stall
+    elif cause is not None and (not cause.collateral or lost is None):
         reason = f"rank {cause.rank} raised {cause.last_line}"
     else:
         reason = lost or _summarise(exc)
