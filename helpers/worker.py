@@ -13,12 +13,14 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from helpers.datamodule import ONE_PASS, datamodule_for
 from helpers.devices import precision_for
 from helpers.distributor import ddp_layout, make_distributor, process_group_backend, run_with_distributor
+from helpers.jobs import stall_timeout_s
 from helpers.tracking import run_name as new_run_name
 from helpers.training import TrainResult
 from helpers.validation import check_flag, one_of, whole_number
@@ -116,7 +118,9 @@ def _rank_and_strategy(launcher: str, model, settings: TrainSettings, num_proces
 
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     model.learning_rate = settings.learning_rate * world_size  # like Horovod: the global batch grew
-    strategy = DDPStrategy(process_group_backend=process_group_backend(settings.use_gpu))
+    # a collective that waits longer than the stall bound raises in the waiting rank (a stall, not a hang)
+    timeout = timedelta(seconds=stall_timeout_s())
+    strategy = DDPStrategy(process_group_backend=process_group_backend(settings.use_gpu), timeout=timeout)
     return rank, world_size, {"strategy": strategy, **ddp_layout(num_processes, local_mode)}
 
 
