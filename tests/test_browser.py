@@ -29,6 +29,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from playwright.sync_api import Locator, Page, expect, sync_playwright
 
 from helpers.course.build import YOUR_CODE, check_ids, read_notebook
 from helpers.course.checks import FAILED, PASSED, format_line
@@ -219,12 +220,10 @@ def running_lab(extra_env: dict[str, str] | None = None) -> Iterator[tuple[Lab, 
 
 
 @contextmanager
-def chromium(scratch: Path):
+def chromium(scratch: Path) -> Iterator[Page]:
     """A page in headless Chromium (the system's, never a downloaded one) with a fresh profile under ``scratch``."""
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: run scripts/install_browser.sh (make test does)")
-    from playwright.sync_api import sync_playwright
-
     with sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
             str(scratch / "chromium-profile"),
@@ -239,27 +238,26 @@ def chromium(scratch: Path):
             context.close()
 
 
-def cell(page, index: int):
+def cell(page: Page, index: int) -> Locator:
     """The notebook cell at ``index``."""
     return page.locator(f".jp-NotebookPanel .jp-Cell[data-windowed-list-index='{index}']")
 
 
-def outputs(page) -> str:
+def outputs(page: Page) -> str:
     """The text of every output on screen, for failure messages."""
     return "\n".join(page.locator(".jp-NotebookPanel .jp-OutputArea-output").all_inner_texts())[-3000:]
 
 
-def open_with_kernel(page, lab: Lab, lesson: Path, timeout: float = 120) -> None:
+def open_with_kernel(page: Page, lab: Lab, lesson: Path, timeout: float = 120) -> None:
     """Open ``lesson`` and pick the course kernel in JupyterLab's kernel dialog, as an attendee does; return once
     it is idle. Fails at once on an error dialog (a kernel that cannot start)."""
-    from playwright.sync_api import expect
-
     page.goto(f"{lab.base}/lab/tree/{lesson.relative_to(REPO).as_posix()}?token={lab.token}")
     kernel_button = page.locator(".jp-NotebookPanel-toolbar [data-jp-item-name='kernelName']")
     expect(kernel_button).not_to_have_text("No Kernel", timeout=timeout * 1000)  # the notebook's own kernel
     kernel_button.click()
     page.locator(".jp-Dialog select").select_option(label=KERNEL)
     page.locator(".jp-Dialog .jp-mod-accept").click()
+    expect(page.locator(".jp-Dialog", has_text="Select Kernel")).to_have_count(0)
     status = page.locator(".jp-StatusBar-Widget")
     deadline = time.monotonic() + timeout
     while f"{KERNEL} | Idle" not in status.inner_text():
@@ -270,21 +268,21 @@ def open_with_kernel(page, lab: Lab, lesson: Path, timeout: float = 120) -> None
         page.wait_for_timeout(250)
 
 
-def run_cells(page, count: int) -> None:
+def run_cells(page: Page, count: int) -> None:
     """Run ``count`` cells from the active one on (Shift+Enter each: run and move to the next)."""
     page.keyboard.press("Escape")  # command mode
     for _ in range(count):
         page.keyboard.press("Shift+Enter")
 
 
-def type_answer(page, answer: str) -> None:
+def type_answer(page: Page, answer: str) -> None:
     """Replace the active cell's code with ``answer``."""
     page.keyboard.press("Enter")  # edit mode
     page.keyboard.press("ControlOrMeta+a")
     page.keyboard.insert_text(answer)
 
 
-def check_output(page, index: int, timeout: float) -> str:
+def check_output(page: Page, index: int, timeout: float) -> str:
     """Wait for the run of the cell at ``index`` (its prompt gets an execution count) and return its output. Fails
     at once if the run was cancelled (an earlier cell raised: its prompt goes back to ``[ ]``)."""
     prompt = cell(page, index).locator(".jp-InputPrompt")
@@ -299,7 +297,7 @@ def check_output(page, index: int, timeout: float) -> str:
     pytest.fail(f"cell {index} still running after {timeout} s; outputs:\n{outputs(page)}")
 
 
-def attendee_path(page, lab: Lab, exercise: Exercise) -> None:
+def attendee_path(page: Page, lab: Lab, exercise: Exercise) -> None:
     """Open the lesson with the course kernel, run it down to the exercise, answer it wrongly, then rightly, and
     see the check cell say so each time."""
     open_with_kernel(page, lab, exercise.path)
