@@ -117,3 +117,19 @@ def digits_data(spark, digits_dir: Path):
     from helpers.loaders import prepare_data
 
     return prepare_data(digits_dir, num_devices=2, spark=spark)
+
+
+@pytest.fixture(scope="session")
+def cluster_session(tmp_path_factory) -> tuple[dict, str, Path]:
+    """One 2-worker cluster session, for test_cluster.py and test_multi_node_faults.py (a cluster start is the
+    slow part): tests/scripts/cluster_session.py run to its end; its report, its output and its work folder."""
+    from tests.image_folders import make_image_folder
+    from tests.processes import run_driver
+
+    work = tmp_path_factory.mktemp("cluster-work")
+    data = make_image_folder(tmp_path_factory.mktemp("cluster-data"), {"dark": 60, "light": 60}, size=(16, 16))
+    start_timeout, training_timeout = 180, 300  # generous: a cluster start takes 15-40 s on 2 busy cores
+    report, stdout = run_driver(
+        "cluster_session", work, 2 * start_timeout + training_timeout, data, start_timeout, training_timeout
+    )
+    return report, stdout, work

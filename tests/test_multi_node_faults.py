@@ -1,6 +1,6 @@
 """A worker dies during TorchDistributor training on the local cluster: the job fails fast, the rerun resumes.
 
-One driver program, tests/scripts/distributor_fault.py (a subprocess: a process holds one SparkContext, and the
+One driver program, tests/scripts/cluster_session.py (a subprocess: a process holds one SparkContext, and the
 shared local ``spark`` fixture must stay usable), starts a 2-worker ``LocalCluster``, trains the lesson 2 model with
 Lightning DDP on both workers, and as soon as the first epoch's checkpoint exists SIGKILLs worker 1 with its executor
 and training process, as a lost machine would die. The job must fail with ``DistributorError`` naming what happened
@@ -17,10 +17,8 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from tests.image_folders import make_image_folder
-from tests.processes import SPARK_MARKERS, TORCHRUN_MARKERS, processes_of, run_driver
+from tests.processes import SPARK_MARKERS, TORCHRUN_MARKERS, processes_of
 
-SCRIPT_TIMEOUT = 480
 FAIL_LIMIT_S = 120  # from the kill to DistributorError in the driver
 
 
@@ -30,14 +28,12 @@ def our_processes(work: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def fault_run(tmp_path_factory) -> dict:
-    """Run the driver script to its end; its report, plus what was left running afterwards."""
-    work = tmp_path_factory.mktemp("faults-work")
-    data = make_image_folder(tmp_path_factory.mktemp("faults-data"), {"dark": 60, "light": 60}, size=(16, 16))
-    report, _ = run_driver("distributor_fault", work, SCRIPT_TIMEOUT, data, SCRIPT_TIMEOUT)
+def fault_run(cluster_session) -> dict:
+    """The cluster session's report (conftest: the cluster is shared with test_cluster.py), plus what was left
+    running afterwards."""
+    report, _, work = cluster_session
     assert "ended_early" not in report, report["ended_early"]
-    report["left_running"] = our_processes(str(work))
-    return report
+    return {**report, "left_running": our_processes(str(work))}
 
 
 @pytest.mark.slow
@@ -73,4 +69,5 @@ def test_the_failed_run_is_marked_failed_in_mlflow(fault_run):
 @pytest.mark.slow
 def test_no_process_of_the_test_is_left(fault_run):
     assert not any(psutil.pid_exists(pid) for pid in fault_run["pids"])
+    assert fault_run["pids_after_exit"] == []  # the replacement worker too
     assert fault_run["left_running"] == []

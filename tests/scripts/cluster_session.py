@@ -1,6 +1,9 @@
-"""One 2-worker cluster: registration, a job, a guest connection, a killed worker, then exit; prints the report.
+"""One 2-worker cluster session, shared by tests/test_cluster.py and tests/test_multi_node_faults.py (one cluster
+start instead of two): registration and a job; TorchDistributor training that loses worker 1, a replacement worker
+and the resumed rerun (tests/scripts/distributor_fault.py); a guest connection; then exit. Prints the report.
 
-Usage: ``python -m tests.scripts.cluster_main START_TIMEOUT`` with ``COURSE_WORK_DIR`` set (tests/test_cluster.py).
+Usage: ``python -m tests.scripts.cluster_session DATA_DIR START_TIMEOUT TRAINING_TIMEOUT`` with ``COURSE_WORK_DIR``
+set.
 """
 
 from __future__ import annotations
@@ -8,11 +11,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 from helpers.cluster import LocalCluster, alive_workers, master_state
 from helpers.spark import get_spark
 from tests.processes import alive, processes_of
+from tests.scripts.distributor_fault import lose_a_worker_and_resume
 
 SIZING = ("spark.executor.cores", "spark.executor.memory", "spark.task.cpus", "spark.cores.max")
 
@@ -71,34 +74,22 @@ def guest(cluster: LocalCluster, start_timeout: float) -> dict:
     return report
 
 
-def kill_one(cluster: LocalCluster) -> dict:
-    """Kill worker 1; how long the master takes to notice."""
-    killed = cluster.kill_worker(1)
-    start = time.monotonic()
-    while cluster.alive_workers() != 1 and time.monotonic() - start < 60:
-        time.sleep(0.2)
-    return {
-        "seconds_to_notice": time.monotonic() - start,
-        "alive_after_kill": cluster.alive_workers(),
-        "killed_pid": killed,
-        "killed_running": alive([killed]),
-    }
-
-
-def main(start_timeout: float) -> None:
+def main(data_dir: str, start_timeout: float, training_timeout: float) -> None:
     work = os.environ["COURSE_WORK_DIR"]
     report = {"driver_python": sys.executable}
     with LocalCluster(workers=2, start_timeout=start_timeout) as cluster:
         report.update(registration(cluster, work))
-        report.update(guest(cluster, start_timeout))
-        report.update(kill_one(cluster))
+        report.update(lose_a_worker_and_resume(cluster, data_dir, training_timeout))
+        report["pids_before_guest"] = cluster.pids
+        report.update(guest(cluster, start_timeout))  # last: the guest stops the driver's SparkContext
+    started = report["pids"] + cluster.pids  # the replacement worker too
     report["left_after_exit"] = processes_of(work)
-    report["pids_after_exit"] = alive(report["pids"])
+    report["pids_after_exit"] = alive(started)
     local = get_spark(cores=1)
     report["local_after_exit"] = [local.sparkContext.master, sizing(local)]
     local.stop()
-    print("REPORT " + json.dumps(report))
+    print("REPORT " + json.dumps(report), flush=True)
 
 
 if __name__ == "__main__":
-    main(float(sys.argv[1]))
+    main(sys.argv[1], float(sys.argv[2]), float(sys.argv[3]))

@@ -1,14 +1,9 @@
-"""A worker dies during TorchDistributor training on a 2-worker cluster; then the rerun resumes. Prints the report.
-
-Usage: ``python -m tests.scripts.distributor_fault DATA_DIR TIMEOUT_S`` with ``COURSE_WORK_DIR`` set
-(tests/test_multi_node_faults.py says what is checked).
-"""
+"""A worker dies during TorchDistributor training on a 2-worker cluster; then the rerun resumes (part of
+tests/scripts/cluster_session.py; tests/test_multi_node_faults.py says what is checked)."""
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,6 +11,7 @@ from pathlib import Path
 from helpers.cluster import LocalCluster
 from helpers.loaders import prepare_data
 from helpers.worker import TrainSettings, train_with_distributor
+from tests.processes import alive
 
 CKPT = Path(os.environ["COURSE_WORK_DIR"]) / "checkpoints" / "faults"
 SETTINGS = TrainSettings(
@@ -58,6 +54,11 @@ def kill_after_first_checkpoint(cluster: LocalCluster, thread: threading.Thread,
     report = {"saved_epoch": torch.load(CKPT / "last.ckpt", map_location="cpu", weights_only=False)["epoch"]}
     killed_at = time.monotonic()
     report["killed_pid"] = cluster.kill_worker(1)
+    while cluster.alive_workers() != 1 and time.monotonic() - killed_at < 60:
+        time.sleep(0.2)
+    report["seconds_to_notice"] = time.monotonic() - killed_at
+    report["alive_after_kill"] = cluster.alive_workers()
+    report["killed_running"] = alive([report["killed_pid"]])
     thread.join(timeout=timeout)
     error = outcome.get("error")
     report["first_run"] = "finished" if "result" in outcome else "hung" if thread.is_alive() else "failed"
@@ -94,17 +95,13 @@ def resume(cluster: LocalCluster, data, report: dict) -> dict:
     }
 
 
-def main(data_dir: str, timeout: float) -> None:
-    with LocalCluster(workers=2, cores_per_worker=1, start_timeout=180) as cluster:
-        report = {"pids": cluster.pids}
-        data = prepare_data(data_dir, num_devices=2, spark=cluster.spark)
-        outcome: dict = {}
-        thread = start_training(data, outcome)
-        report.update(kill_after_first_checkpoint(cluster, thread, outcome, timeout))
-        if "error_type" in report:
-            report.update(resume(cluster, data, report))
-    print("REPORT " + json.dumps(report), flush=True)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1], float(sys.argv[2]))
+def lose_a_worker_and_resume(cluster: LocalCluster, data_dir: str, timeout: float) -> dict:
+    """Train on both workers, kill worker 1 after the first checkpoint (how long the master and the job take to
+    notice), then rerun from the last checkpoint on a replacement worker."""
+    data = prepare_data(data_dir, num_devices=2, spark=cluster.spark)
+    outcome: dict = {}
+    thread = start_training(data, outcome)
+    report = kill_after_first_checkpoint(cluster, thread, outcome, timeout)
+    if "error_type" in report:
+        report.update(resume(cluster, data, report))
+    return report
