@@ -3,7 +3,7 @@ in headless Chromium (Debian's ``chromium``, driven by Playwright), the course k
 exercise, then a wrong and a right answer typed into it: its check cell must say "not yet", then "correct".
 
 A second test breaks the course kernel's spec and expects the same path to fail at the kernel. Everything runs in
-one temporary folder (the work directory, Jupyter's runtime files and settings, Chromium's profile) that goes
+one temporary folder (the work directory, Jupyter's config and data folders, Chromium's profile) that goes
 afterwards; the server is shut down through its API and no process it started may outlive it.
 Alone: ``.venv/bin/python -m pytest -m browser``; the browser comes from ``scripts/install_browser.sh``.
 """
@@ -97,31 +97,25 @@ def free_port() -> int:
 
 
 def lab_environment(scratch: Path) -> dict[str, str]:
-    """The server's environment: its own work directory (which also tells the processes it starts), Jupyter's
-    runtime files, settings and workspaces under ``scratch``, so the attendee's work/ and JupyterLab state stay as
-    they are (temporary files already go to the test session's folder: tests/conftest.py)."""
-    settings = scratch / "lab-settings"
+    """The server's environment: its own work directory (which also marks the processes it starts) and Jupyter's
+    own config and data folders (settings, workspaces, runtime files, notebook signatures) under ``scratch``, so the
+    attendee's work/ and Jupyter state stay as they are; the course kernel is still found, in the environment's
+    share/jupyter. Temporary files already go to the test session's folder (tests/conftest.py)."""
+    folders = {
+        "COURSE_WORK_DIR": scratch / "work",
+        "JUPYTER_CONFIG_DIR": scratch / "config",
+        "JUPYTER_DATA_DIR": scratch / "data",
+    }
     for plugin, values in LAB_SETTINGS.items():
-        target = settings / f"{plugin}.jupyterlab-settings"
+        target = folders["JUPYTER_CONFIG_DIR"] / "lab" / "user-settings" / f"{plugin}.jupyterlab-settings"
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(values))
-    folders = {
-        name: scratch / sub
-        for name, sub in [
-            ("COURSE_WORK_DIR", "work"),
-            ("JUPYTER_RUNTIME_DIR", "runtime"),
-            ("JUPYTERLAB_WORKSPACES_DIR", "workspaces"),
-        ]
-    }
     for folder in folders.values():
-        folder.mkdir()
-    return dict(
-        os.environ,
-        PYTHON=sys.executable,
-        JUPYTER_TOKEN=secrets.token_hex(16),
-        JUPYTERLAB_SETTINGS_DIR=str(settings),
-        **{name: str(folder) for name, folder in folders.items()},
-    )
+        folder.mkdir(exist_ok=True)
+    env = dict(os.environ, PYTHON=sys.executable, JUPYTER_TOKEN=secrets.token_hex(16))
+    for name in ("JUPYTER_RUNTIME_DIR", "JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR"):
+        env.pop(name, None)  # they would take precedence over the folders above
+    return env | {name: str(folder) for name, folder in folders.items()}
 
 
 def api(lab: Lab, path: str, method: str = "GET", token: str | None = None) -> int:
