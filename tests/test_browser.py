@@ -50,7 +50,7 @@ CHROMIUM_FLAGS = [
 ]
 KERNEL_NAME = "scaling-dl-spark"
 KERNEL = "Scaling DL on Spark"
-# What an attendee types into exercise 1.1: the file name instead of its folder, then the folder.
+# What an attendee types into exercise 1.1 (label_column): the file name instead of its folder, then the folder.
 WRONG_ANSWER = 'def label_column(df):\n    return df.withColumn("label", F.element_at(F.split("path", "/"), -1))\n'
 RIGHT_ANSWER = 'def label_column(df):\n    return df.withColumn("label", F.element_at(F.split("path", "/"), -2))\n'
 # JupyterLab settings for the test's own settings folder: the lesson is never saved, every cell stays in the page
@@ -313,6 +313,7 @@ def attendee_path(page: Page, lab: Lab, exercise: Exercise) -> None:
 def test_lab_lesson_one_first_exercise_in_chromium() -> None:
     lesson = next(REPO.glob("lessons/01_*.ipynb"))
     exercise = first_exercise(lesson)
+    assert exercise.check_id == "1.1", f"the typed answers are for exercise 1.1, the lesson starts with {exercise}"
     before = lesson.read_bytes()
     with running_lab() as (lab, scratch):
         assert api(lab, "/api/status", token="wrong-token") == 403, "the server must ask for its token"
