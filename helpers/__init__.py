@@ -9,3 +9,7 @@ __all__ = ["CourseInputError"]
 
 class CourseInputError(ValueError):
     """Bad input from a user of the course: the message is one line that says what is wrong and what to do."""
+
+    def _render_traceback_(self) -> list[str]:
+        """In a notebook (IPython asks for this): the one line, not a traceback; the message says what to do."""
+        return [f"{type(self).__name__}: {self}"]

@@ -16,6 +16,7 @@ __all__ = [
     "gpu_count",
     "horovod_gpu_support",
     "precision_for",
+    "require_horovod",
 ]
 
 
@@ -143,6 +144,23 @@ def horovod_gpu_support() -> dict[str, bool]:
         "nccl": bool(hvd.nccl_built()),
         "gloo": bool(hvd.gloo_built()),
     }
+
+
+def require_horovod(what: str) -> None:
+    """Refuse to go on without Horovod, in one line that says what to do instead.
+
+    Args:
+        what: what needs Horovod, for the message (``"Lesson 3"``).
+
+    Raises:
+        CourseInputError: Horovod (with its PyTorch binding) cannot be imported here.
+    """
+    if not horovod_gpu_support()["installed"]:
+        raise CourseInputError(
+            f"{what} needs Horovod, which is not installed here (Databricks Runtime 16.0 ML and later ship none; "
+            "15.4 LTS ML is the last): run `make setup` on your machine or use 15.4 LTS ML, or go on with lesson 4 "
+            "and LAUNCHER='torch_distributor'."
+        )
 
 
 def describe_devices() -> str:

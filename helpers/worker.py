@@ -17,8 +17,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from helpers import CourseInputError
 from helpers.datamodule import ONE_PASS, datamodule_for
-from helpers.devices import precision_for
+from helpers.devices import horovod_gpu_support, precision_for
 from helpers.distributor import ddp_layout, make_distributor, process_group_backend, run_with_distributor
 from helpers.jobs import stall_timeout_s
 from helpers.tracking import run_name as new_run_name
@@ -26,9 +27,42 @@ from helpers.training import TrainResult
 from helpers.validation import check_flag, one_of, whole_number
 from helpers.workdir import ENV_VAR, work_dir, work_path
 
-__all__ = ["LAUNCHERS", "TrainSettings", "launch_training", "train_hvd", "train_process", "train_with_distributor"]
+__all__ = [
+    "LAUNCHERS",
+    "TrainSettings",
+    "choose_launcher",
+    "launch_training",
+    "train_hvd",
+    "train_process",
+    "train_with_distributor",
+]
 
 LAUNCHERS = ("horovod", "torch_distributor")
+AUTO = "auto"  # Horovod where it is installed, TorchDistributor elsewhere (Databricks Runtime 16+ ML)
+
+
+def choose_launcher(launcher: str) -> str:
+    """The launcher a lesson's ``LAUNCHER`` parameter asks for, with ``"auto"`` resolved for this machine.
+
+    Args:
+        launcher: ``"auto"``, ``"horovod"`` or ``"torch_distributor"``.
+
+    Returns:
+        ``"horovod"`` or ``"torch_distributor"``; ``"auto"`` gives Horovod where it is installed.
+
+    Raises:
+        CourseInputError: another value, or ``"horovod"`` where Horovod is not installed.
+    """
+    one_of("LAUNCHER", launcher, (AUTO, *LAUNCHERS))
+    installed = horovod_gpu_support()["installed"]
+    if launcher == AUTO:
+        return "horovod" if installed else "torch_distributor"
+    if launcher == "horovod" and not installed:
+        raise CourseInputError(
+            "LAUNCHER='horovod', but Horovod is not installed here (Databricks Runtime 16.0 ML and later ship "
+            "none): use LAUNCHER='torch_distributor' or 'auto'."
+        )
+    return launcher
 
 
 @dataclass(frozen=True)

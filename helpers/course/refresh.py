@@ -1,17 +1,23 @@
-"""``python -m helpers.course pages``: bring the generated markdown of every solution up to date.
+"""``python -m helpers.course pages``: bring the generated parts of every solution up to date.
 
 Re-renders the diagrams that are out of date with :mod:`helpers.course.diagrams` and regenerates each header's time
-line (:mod:`helpers.course.pages`); then ``python -m helpers.course build`` carries them to ``lessons/``.
+line (:mod:`helpers.course.pages`); with ``--outputs NN``, also executes those solutions once and records the outputs
+that nbval compares (cells starting ``# NBVAL_CHECK_OUTPUT``) from that run. Then ``python -m helpers.course build``
+carries the changes to ``lessons/``.
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
-from helpers.course import build, pages
+from helpers import CourseInputError
+from helpers.course import build, pages, run
 
-__all__ = ["add_arguments", "command", "refresh"]
+__all__ = ["COMPARED", "add_arguments", "command", "record_outputs", "refresh"]
+
+COMPARED = "# NBVAL_CHECK_OUTPUT"  # the first line of a cell whose outputs nbval compares
 
 
 def refresh(path: Path) -> bool:
@@ -38,6 +44,39 @@ def refresh(path: Path) -> bool:
     return after != before
 
 
+def record_outputs(path: Path) -> int:
+    """Execute solution ``path`` once (papermill, a scratch work directory) and store, in the solution, the outputs
+    of its compared cells from that run.
+
+    Only the compared cells' outputs change, and the notebook is read right before it is written.
+
+    Args:
+        path: the solution notebook.
+
+    Returns:
+        How many compared cells' outputs changed.
+
+    Raises:
+        CourseInputError: the notebook failed to run (the message ends with papermill's last lines).
+    """
+    with tempfile.TemporaryDirectory(prefix="course-outputs-") as scratch:
+        executed_path = Path(scratch) / path.name
+        done = run.execute(path, executed_path, parameters={"WORK_DIR": str(Path(scratch) / "work")})
+        if done.failed:
+            raise CourseInputError(f"{build.display_path(path)} failed to run: {done.log_tail[-500:]}")
+        executed = {cell.get("id"): cell for cell in build.read_notebook(executed_path).cells}
+    nb = build.read_notebook(path)
+    changed = 0
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell.source.startswith(COMPARED) and cell.get("id") in executed:
+            fresh = executed[cell.get("id")]
+            if fresh.outputs != cell.outputs:
+                cell.outputs, cell.execution_count = fresh.outputs, fresh.execution_count
+                changed += 1
+    path.write_text(build.serialize(nb), encoding="utf-8")
+    return changed
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``pages`` subcommand's options.
 
@@ -45,6 +84,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser: the subcommand's parser.
     """
     parser.add_argument("--solutions", type=Path, default=build.SOLUTIONS_DIR, help="solution notebooks folder")
+    parser.add_argument(
+        "--outputs",
+        nargs="+",
+        default=[],
+        metavar="NN",
+        help="also run these solutions (by number, e.g. 05) and record the outputs nbval compares",
+    )
 
 
 def command(args: argparse.Namespace) -> int:
@@ -59,6 +105,9 @@ def command(args: argparse.Namespace) -> int:
     Raises:
         CourseInputError: a missing solutions folder or an unreadable notebook.
     """
-    for path in build.solution_notebooks(args.solutions):
+    notebooks = build.solution_notebooks(args.solutions)
+    for path in notebooks:
         print(f"{'wrote' if refresh(path) else 'unchanged'} {build.display_path(path)}")
+    for path in run.select(notebooks, args.outputs) if args.outputs else []:
+        print(f"{record_outputs(path)} compared outputs changed in {build.display_path(path)}")
     return 0

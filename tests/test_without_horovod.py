@@ -1,0 +1,99 @@
+"""The course where Horovod is not installed (Databricks Runtime 16.0 ML and later): ``import horovod`` fails.
+
+Lessons 0, 4 and 5 run end to end, their ``LAUNCHER="auto"`` picking TorchDistributor; lesson 3 stops in its first
+code cell with one line that says why and what to do, not an ImportError traceback. Lessons 1 and 2 use no
+launcher: their imports load without Horovod. The lessons' Horovod paths run in test_notebooks.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.course.build import read_notebook, solution_notebooks
+from helpers.course.run import execute
+
+pytestmark = pytest.mark.slow
+
+HIDDEN = Path(__file__).parent / "no_horovod"  # a `horovod` package whose import fails
+LESSONS = {path.stem[:2]: path for path in solution_notebooks()}
+
+
+@pytest.fixture(scope="module")
+def no_horovod_env() -> dict[str, str]:
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(HIDDEN), os.environ.get("PYTHONPATH")]))}
+
+
+def test_the_hidden_package_really_hides_horovod(no_horovod_env):
+    probe = "import horovod.torch"
+    hidden = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **no_horovod_env}, capture_output=True)
+    assert hidden.returncode != 0 and b"No module named 'horovod'" in hidden.stderr
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+
+
+def outputs(notebook: Path) -> str:
+    """Every text a notebook's cells printed or raised, one string."""
+    texts = []
+    for cell in read_notebook(notebook).cells:
+        for output in cell.get("outputs", []):
+            texts.append(output.get("text", "") + "".join(output.get("traceback", [])))
+    return "\n".join(texts)
+
+
+@pytest.mark.parametrize(
+    ("lesson", "parameters", "said"),
+    [
+        ("00", {}, "Horovod is not installed: lesson 3 needs it"),
+        ("04", {"MAX_EPOCHS": 1}, "this lesson trains with TorchDistributor only"),
+        ("05", {"MAX_EPOCHS": 2}, "runs (devices [1, 2]) recorded"),
+    ],
+)
+def test_a_lesson_runs_end_to_end_with_torch_distributor(lesson, parameters, said, no_horovod_env, tmp_path):
+    output = tmp_path / "out.ipynb"
+    run = execute(
+        LESSONS[lesson], output, parameters={"WORK_DIR": str(tmp_path / "work"), **parameters}, env=no_horovod_env
+    )
+    assert not run.failed, run.log_tail
+    assert said in outputs(output)
+    if lesson == "05":  # every run of the sweep was started by TorchDistributor, and says so in MLflow
+        from helpers.analysis import runs_table
+
+        table = runs_table("lesson-5-scaling", f"sqlite:///{tmp_path / 'work' / 'mlflow' / 'mlflow.db'}")
+        assert len(table) >= 2 and set(table["launcher"]) == {"torch_distributor"}, table
+
+
+def test_lesson_3_stops_in_one_line_that_says_what_to_do(no_horovod_env, tmp_path):
+    output = tmp_path / "out.ipynb"
+    run = execute(LESSONS["03"], output, parameters={"WORK_DIR": str(tmp_path / "work")}, env=no_horovod_env)
+    assert run.failed and not run.timed_out
+    errors = [o for cell in read_notebook(output).cells for o in cell.get("outputs", []) if o.output_type == "error"]
+    assert len(errors) == 1 and errors[0].ename == "CourseInputError", errors
+    assert errors[0].traceback == [f"CourseInputError: {errors[0].evalue}"]  # one line, no traceback
+    assert "Lesson 3 needs Horovod" in errors[0].evalue and "LAUNCHER='torch_distributor'" in errors[0].evalue
+
+
+@pytest.mark.parametrize("lesson", ["01", "02"])
+def test_lessons_without_a_launcher_import_without_horovod(lesson, no_horovod_env):
+    """Their code cells' imports (the helpers they use and what those import) load where Horovod cannot."""
+    imports = [
+        line.strip()
+        for cell in read_notebook(LESSONS[lesson]).cells
+        if cell.cell_type == "code"
+        for line in cell.source.splitlines()
+        if line.startswith(("import ", "from ")) and "helpers" in line
+    ]
+    assert imports
+    probe = "\n".join(imports) + "\nimport sys\nprint(json.dumps('horovod' in sys.modules))"
+    done = subprocess.run(
+        [sys.executable, "-c", "import json\n" + probe],
+        env={**os.environ, **no_horovod_env},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) is False
