@@ -1,6 +1,7 @@
-"""The original material's claims, and the epoch-size pitfall, set against the measured runs in sentences.
+"""The original material's claims, the epoch-size pitfall, and where 2 processes beat 1, in sentences.
 
-Every number in the sentences comes from a :func:`helpers.analysis.tables.speedup_table`.
+Every number in the sentences comes from a :func:`helpers.analysis.tables.speedup_table` or a
+:func:`helpers.analysis.step_scaling.measure_step_scaling` table.
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ import pandas as pd
 
 from helpers import CourseInputError
 from helpers.analysis.schema import FIXED_STEPS, ONE_PASS
+from helpers.analysis.step_scaling import STEP_COLUMNS
 
-__all__ = ["claim_report", "pitfall_report"]
+__all__ = ["claim_report", "pitfall_report", "step_scaling_report"]
 
 
 def _claim_half_time(one: pd.Series, top: pd.Series, time_column: str, per_epoch: bool) -> list[str]:
@@ -145,3 +147,88 @@ def pitfall_report(speedups: pd.DataFrame) -> list[str]:
         if not right.empty and not wrong.empty:
             lines.append(_pitfall_sentence(n, right.iloc[0], wrong.iloc[0]))
     return lines or ["No device count has runs in both epoch modes: nothing to compare."]
+
+
+def _batch_sentence(batch: int, one: pd.Series, two: pd.Series) -> str:
+    """One global batch: the 1-process step ``one`` against the 2-process step ``two``."""
+    n = int(two["processes"])
+    return (
+        f"Global batch {batch}: {two['step_ms']:.1f} ms per step on {n} processes against {one['step_ms']:.1f} ms on "
+        f"1 (speedup {one['step_ms'] / two['step_ms']:.2f}; linear would be {one['step_ms'] / n:.1f} ms). Each "
+        f"process computed for {two['compute_ms']:.1f} ms and spent {two['comm_ms']:.1f} ms in the allreduce and "
+        f"waiting, {two['comm_ms'] / two['step_ms']:.0%} of its step."
+    )
+
+
+def _batches_compared(small: int, pair_s: tuple, large: int, pair_l: tuple) -> str:
+    """The smallest global batch against the largest: compute grows, the allreduce and waiting do not."""
+    (one_s, two_s), (one_l, two_l) = pair_s, pair_l
+    speedup_s, speedup_l = one_s["step_ms"] / two_s["step_ms"], one_l["step_ms"] / two_l["step_ms"]
+    verdict = (
+        f"so at global batch {large} the {int(two_l['processes'])} processes beat 1"
+        if speedup_l > 1
+        else f"yet even at global batch {large} they did not beat 1 here (a machine busy with other work?)"
+    )
+    growth = two_l["compute_ms"] / two_s["compute_ms"]
+    return (
+        f"From global batch {small} to {large} the compute per step grew {growth:.1f} x, while the allreduce and "
+        f"waiting went from {two_s['comm_ms']:.1f} to {two_l['comm_ms']:.1f} ms (the gradients are the same size "
+        f"whatever the batch): their share of a step went from {two_s['comm_ms'] / two_s['step_ms']:.0%} to "
+        f"{two_l['comm_ms'] / two_l['step_ms']:.0%} and the speedup from {speedup_s:.2f} to {speedup_l:.2f}, "
+        f"{verdict}."
+    )
+
+
+def _sweep_sentence(sweep: pd.DataFrame) -> str:
+    """The lesson's own runs: fit time per step on 1 and on the most devices, and the job's start-up."""
+    rows = sweep.sort_values("devices")
+    one, top = rows.iloc[0], rows.iloc[-1]
+
+    def per_step(row: pd.Series) -> float:
+        return 1000 * float(row["wall_time_s"]) / (int(row["epochs_run"]) * int(row["steps_per_epoch"]))
+
+    return (
+        f"The lesson's runs above (batch {int(one['batch_size'])} per device): {per_step(top):.1f} ms per step on "
+        f"{int(top['devices'])} devices against {per_step(one):.1f} ms on 1 (fit time over steps, validation "
+        f"included), and {top['job_time_s'] - top['wall_time_s']:.1f} s of the {int(top['devices'])}-device job's "
+        f"{top['job_time_s']:.1f} s went to starting processes and readers: too little compute per step to hide "
+        "the fixed costs."
+    )
+
+
+def step_scaling_report(steps: pd.DataFrame, sweep: pd.DataFrame | None = None) -> list[str]:
+    """Sentences on why 2 processes beat 1 at a large global batch and not at a small one.
+
+    Args:
+        steps: a :func:`helpers.analysis.step_scaling.measure_step_scaling` table with 1 and 2 processes at two or
+            more global batches.
+        sweep: optionally, the lesson's :func:`helpers.analysis.tables.speedup_table`, for a sentence on its runs.
+
+    Returns:
+        One sentence per global batch, one comparing the smallest with the largest batch, one on start-up, and with
+        ``sweep`` one on the lesson's runs; every number in them comes from the tables.
+
+    Raises:
+        CourseInputError: ``steps`` lacks a column, a 1-process row or a row on more processes for some batch.
+    """
+    if not set(STEP_COLUMNS) <= set(steps.columns):
+        raise CourseInputError(
+            f"the table lacks {sorted(set(STEP_COLUMNS) - set(steps.columns))}: pass measure_step_scaling(...)'s table."
+        )
+    pairs = {}
+    for batch, rows in steps.groupby("global_batch"):
+        one, more = rows[rows["processes"] == 1], rows[rows["processes"] > 1].sort_values("processes")
+        if one.empty or more.empty:
+            raise CourseInputError(f"global batch {batch} needs a 1-process row and one on more processes.")
+        pairs[int(batch)] = (one.iloc[0], more.iloc[-1])
+    lines = [_batch_sentence(batch, one, two) for batch, (one, two) in pairs.items()]
+    lines.append(_batches_compared(*min(pairs.items()), *max(pairs.items())))
+    job = steps.sort_values("processes").iloc[-1]
+    lines.append(
+        f"Fixed costs: the {int(job['processes'])}-process job took {job['job_s']:.1f} s, of which its steps took "
+        f"{job['steps_s']:.1f} s; the rest (starting processes, imports, Horovod's rendezvous) does not shrink with "
+        "more processes, so a short run gains even less than its steps do."
+    )
+    if sweep is not None:
+        lines.append(_sweep_sentence(sweep))
+    return lines
