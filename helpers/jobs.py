@@ -360,15 +360,22 @@ class WorkerCall:
         job: the job's folder.
         rank_env: the environment variable holding the process's global rank (``HOROVOD_RANK``, ``RANK``).
         setup: called first in the process (a launcher's own preparations), or None.
+
+    The driver's MLflow credentials for a Databricks workspace (:func:`helpers.tracking.worker_credentials`) are
+    taken when the call is made and set in every process, so that rank 0 can log from a Spark task.
     """
 
     def __init__(self, fn: Callable[..., Any], job: JobFolder, rank_env: str, setup: Callable[[], None] | None = None):
+        from helpers.tracking import worker_credentials
+
         self.fn = fn
         self.job_path = str(job.path)
         self.rank_env = rank_env
         self.setup = setup
+        self.env = worker_credentials()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        os.environ.update(self.env)
         os.environ[JOB_DIR_ENV] = self.job_path
         if self.setup is not None:
             self.setup()
