@@ -244,8 +244,13 @@ def _run(exercise_id: str, answer: Any) -> tuple[str, str]:
         return ERROR, "no check is registered for this exercise id"
     if _is_unanswered(answer):
         return NOT_ATTEMPTED, "replace the `...` with your code"
+    return _judged(lambda: fn(answer))
+
+
+def _judged(call: Callable[[], Any]) -> tuple[str, str]:
+    """``(status, message)`` for running ``call`` (a check on an answer, or part of one); never raises."""
     try:
-        message = fn(answer)
+        message = call()
         return PASSED, "" if message is None else str(message)
     except NotAttempted as reason:
         return NOT_ATTEMPTED, str(reason) or "replace the `...` with your code"

@@ -7,14 +7,18 @@ gradient accumulation. Inside the workers ``own_work`` rejects answers that hand
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import signal
 import sys
+import time
 import uuid
 import warnings
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import numpy as np
 
 from helpers.course.checks import (
@@ -32,6 +36,7 @@ __all__ = [
     "CHECK_PROCESSES",
     "CHECK_SEED",
     "SYNCED",
+    "check_answers",
     "distributed_optimizer",
     "global_accuracy_check",
     "horovod_by_hand",
@@ -45,7 +50,7 @@ CHECK_PROCESSES = 3  # not the lesson's 2: an answer that hard-codes 2 processes
 SYNCED = 1e-6  # largest weight difference between ranks that counts as identical
 
 
-def _launch(processes: int, job, **kwargs: Any) -> Any:
+def _launch(processes: int, job, kwargs: dict[str, Any]) -> Any:
     """Run ``job(**kwargs)`` on ``processes`` local Horovod processes; rank 0's result.
 
     A worker's error becomes a :class:`CheckFailed` naming the rank and its last line (a :class:`Delegated` stays
@@ -58,11 +63,165 @@ def _launch(processes: int, job, **kwargs: Any) -> Any:
             warnings.simplefilter("ignore")  # more processes than cores on a laptop is fine for a check
             return HorovodRunner(np=-processes).run(job, **kwargs)
     except HorovodWorkerError as error:
-        lines = (error.worker_traceback or str(error)).strip().splitlines()
-        last = lines[-1] if lines else str(error)
-        if "Delegated" in last:
-            raise Delegated(last.split(": ", 1)[-1]) from None
-        raise CheckFailed(f"rank {error.rank} of {processes} raised {last}") from None
+        raise _as_hint(error, processes) from None
+
+
+def _as_hint(error, processes: int) -> CheckFailed:
+    """A worker's error (a ``HorovodWorkerError``) as the hint the learner sees."""
+    lines = (error.worker_traceback or str(error)).strip().splitlines()
+    last = lines[-1] if lines else str(error)
+    if "Delegated" in last:
+        return Delegated(last.split(": ", 1)[-1])
+    return CheckFailed(f"rank {error.rank} of {processes} raised {last}")
+
+
+def _one_launch(steps):
+    """The check made of ``steps(answer)``, a generator that yields one ``(processes, job, kwargs)`` to launch,
+    is sent rank 0's result and returns the success message (``check_answers`` runs many through one job)."""
+
+    def check(answer) -> str:
+        judging = steps(answer)
+        launch = next(judging)
+        try:
+            judging.send(_launch(*launch))
+        except StopIteration as done:
+            return done.value
+        raise RuntimeError(f"{steps.__name__} launches more than once")
+
+    check.steps = steps
+    check.__doc__ = steps.__doc__
+    return check
+
+
+def check_answers(exercise_id: str, answers: list[Any]) -> list[tuple[str, str]]:
+    """Check several answers to one multi-process exercise (3.1, 3.3, 3.5, 3.6) with one Horovod job per world size.
+
+    Each answer is prepared and judged by its check's own code and gets the ``(status, message)`` that ``check``
+    would give it alone: in every rank it runs in a fresh fork of the worker (no state, Horovod init or MLflow run
+    carries over), with its own rendezvous, job folder and failure records, and a rank that fails ends that
+    answer's other ranks as ``horovod.run`` does. For the test corpus; the notebooks check one answer at a time.
+    """
+    from helpers.course.checks import NOT_ATTEMPTED, PASSED, _find_check, _is_unanswered, _judged
+    from helpers.horovod_runner import HorovodRunner
+
+    steps = _find_check(exercise_id).steps
+    outcomes: list[tuple[str, str] | None] = [None] * len(answers)
+    started: dict[int, list[tuple[int, Any, tuple[int, Any, dict[str, Any]]]]] = {}
+    for index, answer in enumerate(answers):
+        if _is_unanswered(answer):
+            outcomes[index] = (NOT_ATTEMPTED, "replace the `...` with your code")
+            continue
+        judging, launch = steps(answer), []
+
+        def start(judging=judging, launch=launch) -> None:
+            launch.append(next(judging))
+            HorovodRunner._check_picklable(launch[0][1], launch[0][2])  # as HorovodRunner.run does first
+
+        outcome = _judged(start)
+        if outcome[0] == PASSED:
+            started.setdefault(launch[0][0], []).append((index, judging, launch[0]))
+        else:
+            outcomes[index] = outcome
+    for processes, group in started.items():
+        got = _launch_batch(processes, [(job, kwargs) for _, _, (_, job, kwargs) in group])
+        for (index, judging, _), (result, error) in zip(group, got):
+            outcomes[index] = _judged(lambda judging=judging, r=result, e=error, n=processes: _finish(judging, r, e, n))
+    return outcomes
+
+
+def _finish(judging, result: Any, error: Any, processes: int) -> str:
+    """Judge one answer of a batch as ``_one_launch`` does: its worker error as a hint, or its rank 0 result."""
+    if error is not None:
+        raise _as_hint(error, processes)
+    try:
+        judging.send(result)
+    except StopIteration as done:
+        return done.value
+    raise RuntimeError("a check launches more than once")
+
+
+def _launch_batch(processes: int, launches: list[tuple[Any, dict[str, Any]]]) -> list[tuple[Any, Any]]:
+    """Run every ``job(**kwargs)`` of ``launches`` in turn in one job of ``processes`` Horovod processes; per launch
+    rank 0's result and None, or None and the ``HorovodWorkerError`` that ``HorovodRunner.run`` would raise."""
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    from horovod.runner.http.http_server import RendezvousServer
+
+    from helpers.horovod_runner import HorovodRunner, _worker_error
+    from helpers.jobs import JobFolder
+
+    folders = [JobFolder.create("horovod") for _ in launches]
+    servers = [RendezvousServer() for _ in launches]
+    ports = [server.start() for server in servers]
+    for server in servers:  # a fresh rendezvous per answer: Gloo cannot reliably meet twice on one
+        server.init(get_host_assignments(parse_hosts(f"localhost:{processes}"), processes))
+    plan = [(job, kwargs, str(folder.path), port) for (job, kwargs), folder, port in zip(launches, folders, ports)]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            HorovodRunner(np=-processes).run(_batch_job, plan=plan)
+    finally:
+        for server in servers:
+            server.stop()
+    outcomes = []
+    for folder in folders:
+        exits = {int(p.name.rsplit("-", 1)[1]): json.loads(p.read_text()) for p in folder.path.glob("exit-rank-*")}
+        failed = sorted((e["time"], rank, e["code"]) for rank, e in exits.items() if e["code"])
+        if failed:
+            folder.fail_open_mlflow_runs()
+            first = RuntimeError(f"Process name: {failed[0][1]}\nExit code: {failed[0][2]}")
+            outcomes.append((None, _worker_error(first, folder, processes)))
+        else:
+            outcomes.append((cloudpickle.loads((folder.path / "result-rank-0.pkl").read_bytes()), None))
+        folder.remove()
+    return outcomes
+
+
+def _batch_job(plan: list[tuple[Any, dict[str, Any], str, int]]) -> None:
+    """In each Horovod process: every launch in turn, each in a fresh fork of this process (see check_answers)."""
+    rank = int(os.environ["HOROVOD_RANK"])
+    for job, kwargs, folder, port in plan:
+        pid = os.fork()
+        if pid == 0:
+            _forked_worker(job, kwargs, Path(folder), port, rank)
+        code = _wait_for(pid, Path(folder))
+        record = json.dumps({"code": code, "time": time.time()})
+        (Path(folder) / f"exit-rank-{rank}").write_text(record)
+
+
+def _forked_worker(job, kwargs: dict[str, Any], folder: Path, port: int, rank: int) -> None:
+    """One answer in one rank, as ``HorovodRunner`` runs it (``WorkerCall``, its worker set-up); never returns."""
+    from helpers.horovod_runner import _WorkerSetup
+    from helpers.jobs import JobFolder, WorkerCall, stall_timeout_s
+
+    code = 1
+    try:
+        os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"] = str(port)
+        call = WorkerCall(job, JobFolder(folder), rank_env="HOROVOD_RANK", setup=_WorkerSetup(stall_timeout_s()))
+        result = call(**kwargs)
+        if rank == 0:
+            (folder / "result-rank-0.pkl").write_bytes(cloudpickle.dumps(result))
+        code = 0
+    except BaseException:  # noqa: BLE001, S110 - recorded by WorkerCall, reported by the driver
+        pass
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _wait_for(pid: int, folder: Path) -> int:
+    """``pid``'s exit code (a signal as 128 + its number, as a shell reports it); when another rank's process has
+    failed first, it is ended, as ``horovod.run`` ends a job's other processes."""
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            return 128 - code if code < 0 else code
+        if any(json.loads(p.read_text())["code"] for p in folder.glob("exit-rank-*")):
+            os.kill(pid, signal.SIGTERM)
+            os.waitpid(pid, 0)
+            return 128 + signal.SIGTERM
+        time.sleep(0.05)
 
 
 def _loaded(*paths: str) -> list[Any]:
@@ -112,6 +271,7 @@ def _shard_problem(shards: list[list[int]], rows: int) -> str | None:
 
 
 @register("3.1")
+@_one_launch
 def init_and_shard(namespace) -> str:
     """``my_shard_ids(converter)``: after ``hvd.init()``, the row ids of this rank's shard, one full epoch."""
     my_shard_ids, train_converter, val_converter = require(
@@ -120,7 +280,7 @@ def init_and_shard(namespace) -> str:
     converters = [train_converter, val_converter]
     # Petastorm shards by Parquet file: never ask for more shards than the smallest converter has files.
     processes = min(CHECK_PROCESSES, *(len(c.file_urls) for c in converters))
-    per_converter = zip(*_launch(processes, _shard_job, my_shard_ids=my_shard_ids, converters=converters))
+    per_converter = zip(*(yield processes, _shard_job, {"my_shard_ids": my_shard_ids, "converters": converters}))
     for converter, shards in zip(converters, per_converter):
         problem = _shard_problem(list(shards), len(converter))
         if problem:
@@ -203,11 +363,12 @@ def _wrap_job(make_distributed, passes_cases: list[int]) -> list[dict[str, Any]]
 
 
 @register("3.3")
+@_one_launch
 def distributed_optimizer(make_distributed) -> str:
     """``make_distributed(model, optimizer, backward_passes_per_step)``: broadcast, then DistributedOptimizer."""
     require_implemented(make_distributed)
     passes_cases = [1, 3]
-    results = _launch(CHECK_PROCESSES, _wrap_job, make_distributed=make_distributed, passes_cases=passes_cases)
+    results = yield CHECK_PROCESSES, _wrap_job, {"make_distributed": make_distributed, "passes_cases": passes_cases}
     if results is None:
         raise NotAttempted("make_distributed returns nothing yet")
     for passes, result in zip(passes_cases, results):
@@ -569,6 +730,7 @@ def _by_hand_problem(seen: dict[str, Any], folder: Path, settings: dict[str, Any
 
 
 @register("3.5")
+@_one_launch
 def horovod_by_hand(namespace) -> str:
     """``pin_device(use_gpu)`` and ``train_by_hand(...)``: the plain loop migrated to Horovod step by step."""
     from helpers.tracking import tracking_uri
@@ -590,7 +752,11 @@ def horovod_by_hand(namespace) -> str:
         "tracking_uri": uri,
     }
     _new_experiments(uri, settings["experiment"], folder)
-    seen = _launch(CHECK_PROCESSES, _by_hand_job, pin_device=pin_device, train_by_hand=train_by_hand, settings=settings)
+    seen = yield (
+        CHECK_PROCESSES,
+        _by_hand_job,
+        {"pin_device": pin_device, "train_by_hand": train_by_hand, "settings": settings},
+    )
     problem = _by_hand_problem(seen, folder, settings)
     if problem:
         raise CheckFailed(problem)
@@ -617,6 +783,7 @@ def _accuracy_job(global_accuracy, cases: list[list[tuple[int, int]]]) -> list[l
 
 
 @register("3.6")
+@_one_launch
 def global_accuracy_check(global_accuracy) -> str:
     """``global_accuracy(correct, count)``: the accuracy over every rank's validation shard, on every rank."""
     require_implemented(global_accuracy)
@@ -625,7 +792,7 @@ def global_accuracy_check(global_accuracy) -> str:
     for _ in range(2):
         counts = rng.integers(5, 200, CHECK_PROCESSES)
         cases.append([(int(rng.integers(0, c + 1)), int(c)) for c in counts])
-    results = _launch(CHECK_PROCESSES, _accuracy_job, global_accuracy=global_accuracy, cases=cases)
+    results = yield CHECK_PROCESSES, _accuracy_job, {"global_accuracy": global_accuracy, "cases": cases}
     for case, per_rank in zip(cases, results):
         expected = sum(c for c, _ in case) / sum(n for _, n in case)
         for rank, got in enumerate(per_rank):
