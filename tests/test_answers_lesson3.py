@@ -1,5 +1,7 @@
 """Lesson 3's checks against a corpus of answers: right ones written differently pass, lazy, hard-coded and subtly
-wrong ones fail (never "error"). The Horovod checks start real processes, so most cases are marked slow."""
+wrong ones fail (never "error"). The Horovod checks start real processes, so most cases are marked slow; each of
+those exercises' answers goes through one Horovod job (``check_answers``: every answer in a fresh fork of each
+rank, judged by the check's own code), which a test below holds to the one-answer check."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from helpers.course.checks import _run
+from helpers.course.checks.lesson3 import check_answers
 from helpers.datamodule import PetastormDataModule
 from helpers.devices import device_for_local_rank
 from helpers.horovod_strategy import HorovodStrategy
@@ -37,6 +40,23 @@ def verdict(exercise: str, answer) -> str:
 def assert_fails(exercise: str, answer) -> None:
     status, message = _run(exercise, answer)
     assert status == "failed", (status, message)
+
+
+@pytest.fixture(scope="module")
+def batched(request):
+    """``outcome(exercise, case)``: the ``(status, message)`` of a corpus case, from one ``check_answers`` job per
+    exercise over all of its cases (:data:`BATCHES`, in that order: wrong answers sit between right ones)."""
+    done: dict[str, dict[str, tuple[str, str]]] = {}
+
+    def outcome(exercise: str, case: str) -> tuple[str, str]:
+        if exercise not in done:
+            cases = BATCHES[exercise]
+            extra = request.getfixturevalue("converters") if exercise == "3.1" else {}
+            answers = [{**extra, "my_shard_ids": a} if extra else a for a in cases.values()]
+            done[exercise] = dict(zip(cases, check_answers(exercise, answers)))
+        return done[exercise][case]
+
+    return outcome
 
 
 # --- 3.1: my_shard_ids ------------------------------------------------------------------------------------------
@@ -90,18 +110,28 @@ def shard_ids_one_batch(converter):
         return next(iter(loader))["row_id"].tolist()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("answer", [shard_ids_loader, shard_ids_converter])
-def test_3_1_right(converters, answer):
-    assert verdict("3.1", {**converters, "my_shard_ids": answer}) == "passed"
+def shard_ids_no_init(converter):
+    """Right but for hvd.init(): it must fail even after an answer in the same batch initialised Horovod."""
+    with make_loader(converter, image_size=8, cur_shard=hvd.rank(), shard_count=hvd.size(), num_epochs=1) as loader:
+        return [i for batch in loader for i in batch["row_id"].tolist()]
+
+
+RIGHT_31 = [shard_ids_loader, shard_ids_converter]
+WRONG_31 = [shard_ids_two_shards, shard_ids_no_init, shard_ids_unsharded, shard_ids_datamodule, shard_ids_one_batch]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "answer", [shard_ids_two_shards, shard_ids_unsharded, shard_ids_datamodule, shard_ids_one_batch]
-)
-def test_3_1_wrong(converters, answer):
-    assert_fails("3.1", {**converters, "my_shard_ids": answer})
+@pytest.mark.parametrize("answer", RIGHT_31)
+def test_3_1_right(batched, answer):
+    status, message = batched("3.1", answer.__name__)
+    assert status == "passed", message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answer", WRONG_31)
+def test_3_1_wrong(batched, answer):
+    status, message = batched("3.1", answer.__name__)
+    assert status == "failed", (status, message)
 
 
 def test_3_1_stub_is_not_attempted(converters):
@@ -196,18 +226,22 @@ def distributed_by_strategy(model, optimizer, backward_passes_per_step):
     return strategy._distributed(optimizer, backward_passes_per_step)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("answer", [distributed_keywords, distributed_wrap_first])
-def test_3_3_right(answer):
-    assert verdict("3.3", answer) == "passed"
+RIGHT_33 = [distributed_keywords, distributed_wrap_first]
+WRONG_33 = [distributed_no_state, distributed_one_pass, distributed_plain, distributed_by_strategy]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "answer", [distributed_no_state, distributed_one_pass, distributed_plain, distributed_by_strategy]
-)
-def test_3_3_wrong(answer):
-    assert_fails("3.3", answer)
+@pytest.mark.parametrize("answer", RIGHT_33)
+def test_3_3_right(batched, answer):
+    status, message = batched("3.3", answer.__name__)
+    assert status == "passed", message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answer", WRONG_33)
+def test_3_3_wrong(batched, answer):
+    status, message = batched("3.3", answer.__name__)
+    assert status == "failed", (status, message)
 
 
 # --- 3.4: hvd_result --------------------------------------------------------------------------------------------
@@ -393,14 +427,14 @@ def namespace_35(train_by_hand, pin=pin_device):
     return {"pin_device": pin, "train_by_hand": train_by_hand}
 
 
+RIGHT_35 = {"recipe": namespace_35(by_hand()), "other-way": namespace_35(by_hand_other_way, pin_device_strings)}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "answer",
-    [namespace_35(by_hand()), namespace_35(by_hand_other_way, pin_device_strings)],
-    ids=["recipe", "other-way"],
-)
-def test_3_5_right(answer):
-    assert verdict("3.5", answer) == "passed"
+@pytest.mark.parametrize("case", list(RIGHT_35))
+def test_3_5_right(batched, case):
+    status, message = batched("3.5", case)
+    assert status == "passed", message
 
 
 WRONG_35 = {
@@ -417,9 +451,9 @@ WRONG_35 = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(WRONG_35))
-def test_3_5_wrong_names_the_step(case):
-    answer, step = WRONG_35[case]
-    status, message = _run("3.5", answer)
+def test_3_5_wrong_names_the_step(batched, case):
+    status, message = batched("3.5", case)
+    step = WRONG_35[case][1]
     assert status == "failed" and step in message, (status, message)
 
 
@@ -458,13 +492,54 @@ def accuracy_constant(correct, count):
     return 0.5
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("answer", [accuracy_allreduce, accuracy_gather])
-def test_3_6_right(answer):
-    assert verdict("3.6", answer) == "passed"
+RIGHT_36 = [accuracy_allreduce, accuracy_gather]
+WRONG_36 = [accuracy_mean_of_ratios, accuracy_local, accuracy_constant]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("answer", [accuracy_mean_of_ratios, accuracy_local, accuracy_constant])
-def test_3_6_wrong(answer):
-    assert_fails("3.6", answer)
+@pytest.mark.parametrize("answer", RIGHT_36)
+def test_3_6_right(batched, answer):
+    status, message = batched("3.6", answer.__name__)
+    assert status == "passed", message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answer", WRONG_36)
+def test_3_6_wrong(batched, answer):
+    status, message = batched("3.6", answer.__name__)
+    assert status == "failed", (status, message)
+
+
+def accuracy_one_rank_raises(correct, count):
+    """Right on every rank but one, which raises: the others wait in the allreduce until the job ends them."""
+    if hvd.rank() == 1:
+        raise ValueError("rank 1 gave up")
+    return accuracy_allreduce(correct, count)
+
+
+@pytest.mark.slow
+def test_batched_wrong_answer_between_right_ones_gets_its_own_verdict():
+    """No bleed-over: a batch judges the wrong answer in the middle exactly as the one-answer check does (same
+    message), and the right answer after it, whose ranks start after a failed rank left the others waiting, passes."""
+    alone = _run("3.6", accuracy_one_rank_raises)
+    assert alone == ("failed", "rank 1 of 3 raised ValueError: rank 1 gave up")
+    first, middle, last = check_answers("3.6", [accuracy_allreduce, accuracy_one_rank_raises, accuracy_gather])
+    assert (first[0], middle, last[0]) == ("passed", alone, "passed")
+
+
+def _by_names(answers) -> dict:
+    return {answer.__name__: answer for answer in answers}
+
+
+#: Each exercise's corpus in the order it is batched: a wrong answer between right ones, in every batch.
+BATCHES = {
+    "3.1": _by_names([RIGHT_31[0], *WRONG_31[:2], RIGHT_31[1], *WRONG_31[2:]]),
+    "3.3": _by_names([RIGHT_33[0], *WRONG_33[:2], RIGHT_33[1], *WRONG_33[2:]]),
+    "3.5": {
+        "recipe": RIGHT_35["recipe"],
+        **{case: WRONG_35[case][0] for case in list(WRONG_35)[:4]},
+        "other-way": RIGHT_35["other-way"],
+        **{case: WRONG_35[case][0] for case in list(WRONG_35)[4:]},
+    },
+    "3.6": _by_names([RIGHT_36[0], *WRONG_36[:2], RIGHT_36[1], *WRONG_36[2:]]),
+}
