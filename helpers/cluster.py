@@ -62,8 +62,12 @@ WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 # Spark refuses executors below 1.5 x its 300 MiB reserved memory; a worker must hold one such executor.
 MIN_EXECUTOR_MB = 450
 MIN_WORKER_MB = 512
-# Heap of the master and worker daemons themselves (not of the executors they launch).
-DAEMON_MEMORY = "512m"
+# Heap of the master and worker daemons themselves (not of the executors they launch): they only keep the
+# cluster's state, and 3 of them run next to the driver, the executors and the training processes.
+DAEMON_MEMORY = "256m"
+# Heap of the driver (this process's JVM) on a cluster: the tasks run in the executors; it plans jobs and collects
+# small results.
+DRIVER_MEMORY = "1g"
 _MEMORY_RE = re.compile(r"^\s*(\d+)\s*([kmgt])b?\s*$", re.IGNORECASE)
 _MB_PER_UNIT = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 # Clusters started by this process and not yet stopped: cleaned up at exit and on SIGTERM/SIGHUP.
@@ -205,7 +209,7 @@ class LocalCluster:
         self,
         workers: int = 2,
         cores_per_worker: int = 1,
-        memory_per_worker: str = "1g",
+        memory_per_worker: str = "512m",
         master_url: str | None = None,
         app_name: str = "scaling-dl-on-spark-cluster",
         work: str | os.PathLike | None = None,
@@ -286,6 +290,23 @@ class LocalCluster:
         """Process ids of the JVMs the last ``start()`` launched, the master first, then the workers (kept after
         ``stop()`` so that one can check they are gone; empty when connected to ``master_url``)."""
         return [daemon.process.pid for daemon in self._daemons]
+
+    def heaps_mb(self) -> dict[str, int]:
+        """The most heap each JVM of this cluster may take, in MB: what it asks of the machine beyond Python.
+
+        Returns:
+            ``{"driver": ..., "master": ..., "worker-0": ..., "executor-0": ..., ...}``; without the master and
+            workers when connected to ``master_url`` (they run elsewhere, and so do the executors).
+        """
+        heaps = {"driver": parse_memory_mb(self.spark_conf.get("spark.driver.memory", DRIVER_MEMORY))}
+        if self.connect_only:
+            return heaps
+        executor = self.spark_conf.get("spark.executor.memory")
+        heaps["master"] = parse_memory_mb(DAEMON_MEMORY)
+        for i in range(self.workers):
+            heaps[f"worker-{i}"] = parse_memory_mb(DAEMON_MEMORY)
+            heaps[f"executor-{i}"] = parse_memory_mb(executor) if executor else executor_memory_mb(self.worker_mb)
+        return heaps
 
     def worker_pids(self) -> list[int]:
         """Process ids of the worker JVMs, in worker index order."""
@@ -478,6 +499,7 @@ class LocalCluster:
             print(f"Stopping the active SparkContext ({active.master}): a process can have only one.")
             active.stop()
         executor_conf = {
+            "spark.driver.memory": DRIVER_MEMORY,
             "spark.executor.cores": str(self.cores_per_worker),
             "spark.executor.memory": f"{executor_memory_mb(self.worker_mb)}m",
             "spark.task.cpus": "1",

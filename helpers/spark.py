@@ -20,6 +20,7 @@ from helpers.workdir import work_dir
 __all__ = [
     "check_gpu_per_task",
     "configure_python_env",
+    "driver_memory",
     "executor_count",
     "find_java_home",
     "get_spark",
@@ -56,8 +57,20 @@ def find_java_home() -> Path:
     )
 
 
-def _driver_memory(fraction: float = 0.25, cap_gb: int = 8) -> str:
-    """Driver memory sized for this machine: a quarter of RAM, at least 1 GB and at most ``cap_gb``."""
+def driver_memory(fraction: float = 0.25, cap_gb: int = 2) -> str:
+    """Driver heap sized for this machine: a quarter of RAM, at least 1 GB and at most ``cap_gb``.
+
+    A local session's tasks run in the driver's JVM, and the course's data (the digits, or tf_flowers on a
+    workstation) need well under 2 GB; a larger heap only lets the JVM hold more memory before it collects, next to
+    the training processes on an 8 GB laptop. More for larger data: ``extra_conf={"spark.driver.memory": "8g"}``.
+
+    Args:
+        fraction: the share of this machine's RAM.
+        cap_gb: the most it gives, in GB.
+
+    Returns:
+        A Spark memory size such as ``"2g"``.
+    """
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
@@ -210,7 +223,7 @@ def get_spark(
         builder = (
             SparkSession.builder.appName(app_name)
             .master(master or f"local[{cores}]")
-            .config("spark.driver.memory", _driver_memory())
+            .config("spark.driver.memory", driver_memory())
             .config("spark.driver.host", "127.0.0.1")
             .config("spark.driver.bindAddress", "127.0.0.1")
             .config("spark.ui.showConsoleProgress", "false")

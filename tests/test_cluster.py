@@ -195,3 +195,13 @@ def test_memory_sizes():
     # Executors fit their worker and are never below Spark's 450 MB minimum.
     assert executor_memory_mb(512) == 450
     assert executor_memory_mb(1024) == 768 < 1024
+
+
+def test_lesson_4s_jvms_fit_a_laptop():
+    # Lesson 4's defaults (LocalCluster(workers=2, cores_per_worker=1)): every JVM's heap cap together stays under
+    # 3 GB, which leaves an 8 GB laptop room for the kernel, the Python workers and 2 training processes
+    # (benchmarks/results.md, part 4, measures the whole process tree).
+    heaps = LocalCluster(workers=2, cores_per_worker=1).heaps_mb()
+    assert set(heaps) == {"driver", "master", "worker-0", "worker-1", "executor-0", "executor-1"}
+    assert sum(heaps.values()) <= 3 * 1024, heaps
+    assert LocalCluster(master_url="spark://10.0.0.5:7077").heaps_mb() == {"driver": heaps["driver"]}
