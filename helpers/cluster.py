@@ -30,6 +30,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -144,6 +145,11 @@ def master_state(ui_url: str, timeout: float = 2.0) -> dict[str, Any]:
         return json.load(response)
 
 
+def _default_ui_url(master_url: str) -> str:
+    """The web UI of a standalone master at ``spark://HOST:PORT``: Spark's default port, 8080."""
+    return f"http://{master_url.removeprefix('spark://').rsplit(':', 1)[0]}:8080"
+
+
 def alive_workers(state: dict[str, Any]) -> int:
     """How many workers a master counts as ALIVE.
 
@@ -195,7 +201,8 @@ class LocalCluster:
     all those executors have registered (or raises ``ClusterStartError`` after ``start_timeout`` seconds).
 
     With ``master_url`` (``spark://HOST:PORT``, an instructor's cluster) nothing is started and on exit only the
-    session is stopped; ``workers`` etc. then size what the application asks of that cluster. ``spark_conf`` adds
+    session is stopped; ``workers`` executors are asked of that cluster, each the size of its smallest worker as its
+    master reports (``master_ui_url``, by default port 8080 of the master's host). ``spark_conf`` adds
     Spark properties to the application (and may override the executor sizing): failure handling such as
     ``spark.task.maxFailures``, GPU scheduling such as ``spark.task.resource.gpu.amount``, shared storage.
 
@@ -216,6 +223,7 @@ class LocalCluster:
         start_timeout: float = 60.0,
         stop_timeout: float = 15.0,
         spark_conf: dict[str, str] | None = None,
+        master_ui_url: str | None = None,
     ) -> None:
         workers = whole_number("workers", workers)
         cores_per_worker = whole_number("cores_per_worker", cores_per_worker)
@@ -235,7 +243,7 @@ class LocalCluster:
         self.stop_timeout = stop_timeout
         self.connect_only = master_url is not None
         self.master_url: str | None = master_url
-        self.ui_url: str | None = None
+        self.ui_url: str | None = master_ui_url or (_default_ui_url(master_url) if master_url else None)
         self.log_dir: Path | None = None
         self.spark: SparkSession | None = None
         self._daemons: list[_Daemon] = []
@@ -319,10 +327,10 @@ class LocalCluster:
             The number of live workers.
 
         Raises:
-            CourseInputError: this cluster only connected to a ``master_url`` (its web UI is unknown).
+            CourseInputError: the cluster is not started.
         """
         if self.ui_url is None:
-            raise CourseInputError("alive_workers() needs a cluster this LocalCluster started (no master_url).")
+            raise CourseInputError("alive_workers() needs a started cluster: call start() first.")
         return alive_workers(master_state(self.ui_url))
 
     def kill_worker(self, index: int) -> int:
@@ -498,12 +506,13 @@ class LocalCluster:
         if active is not None:
             print(f"Stopping the active SparkContext ({active.master}): a process can have only one.")
             active.stop()
+        cores, memory_mb = self._executor_size()
         executor_conf = {
             "spark.driver.memory": DRIVER_MEMORY,
-            "spark.executor.cores": str(self.cores_per_worker),
-            "spark.executor.memory": f"{executor_memory_mb(self.worker_mb)}m",
+            "spark.executor.cores": str(cores),
+            "spark.executor.memory": f"{memory_mb}m",
             "spark.task.cpus": "1",
-            "spark.cores.max": str(self.workers * self.cores_per_worker),
+            "spark.cores.max": str(self.workers * cores),
         }
         spark = get_spark(
             app_name=self.app_name,
@@ -517,6 +526,30 @@ class LocalCluster:
             spark.stop()
             raise
         return spark
+
+    def _executor_size(self) -> tuple[int, int]:
+        """Cores and heap (MB) of each executor: one executor fills one worker.
+
+        Our own workers have ``cores_per_worker`` and ``memory_per_worker``. A running cluster's are read from its
+        master (the smallest alive worker), so an instructor's 8-core, 60 GB workers get executors of their size,
+        not 1 core and 512 MB; if the master's web UI cannot be read, the arguments are used, with a warning.
+        """
+        if not self.connect_only:
+            return self.cores_per_worker, executor_memory_mb(self.worker_mb)
+        try:
+            workers = [w for w in master_state(self.ui_url)["workers"] if w.get("state") == "ALIVE"]
+        except (OSError, ValueError, KeyError) as exc:
+            workers, reason = [], f"its web UI {self.ui_url} cannot be read ({exc})"
+        else:
+            reason = f"its web UI {self.ui_url} lists no alive worker"
+        if not workers:
+            warnings.warn(
+                f"Sizing executors for {self.master_url}: {reason}; using cores_per_worker={self.cores_per_worker} and "
+                f"{self.worker_mb} MB per worker (pass master_ui_url=... or the workers' size).",
+                stacklevel=4,
+            )
+            return self.cores_per_worker, executor_memory_mb(self.worker_mb)
+        return min(w["cores"] for w in workers), executor_memory_mb(min(w["memory"] for w in workers))
 
     def _wait_for_executors(self, spark: SparkSession) -> None:
         """Wait until the application has one executor per worker, so the first job already spreads over all."""

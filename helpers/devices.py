@@ -6,6 +6,8 @@ let the tests take the GPU branches on a CPU-only machine.
 
 from __future__ import annotations
 
+import importlib.util
+
 from helpers import CourseInputError
 from helpers.validation import check_flag, whole_number
 
@@ -15,6 +17,7 @@ __all__ = [
     "device_for_local_rank",
     "gpu_count",
     "horovod_gpu_support",
+    "horovod_installed",
     "precision_for",
     "require_horovod",
 ]
@@ -146,6 +149,18 @@ def horovod_gpu_support() -> dict[str, bool]:
     }
 
 
+def horovod_installed() -> bool:
+    """Whether Horovod's PyTorch binding can be imported here, found without importing it.
+
+    Returns:
+        False where ``horovod`` is missing or cannot be imported (Databricks Runtime 16.0 ML and later).
+    """
+    try:
+        return importlib.util.find_spec("horovod.torch") is not None
+    except ImportError:  # the package itself fails to import
+        return False
+
+
 def require_horovod(what: str) -> None:
     """Refuse to go on without Horovod, in one line that says what to do instead.
 
@@ -155,7 +170,7 @@ def require_horovod(what: str) -> None:
     Raises:
         CourseInputError: Horovod (with its PyTorch binding) cannot be imported here.
     """
-    if not horovod_gpu_support()["installed"]:
+    if not horovod_installed():
         raise CourseInputError(
             f"{what} needs Horovod, which is not installed here (Databricks Runtime 16.0 ML and later ship none; "
             "15.4 LTS ML is the last): run `make setup` on your machine or use 15.4 LTS ML, or go on with lesson 4 "

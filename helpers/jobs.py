@@ -48,6 +48,9 @@ __all__ = [
 ]
 
 JOB_DIR_ENV = "COURSE_JOB_DIR"  # set in every worker process: its job's folder
+# The notebook's active MLflow experiment and run (``mlflow.set_experiment`` exports the id): not the workers'; a
+# worker inheriting them would log into, or fail on, an experiment of another store. Training picks its own by name.
+_DRIVER_ONLY_ENV = ("MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID")
 
 #: How long a rank may wait in one collective (allreduce, broadcast, ...) before the job is ended as stalled.
 STALL_TIMEOUT_ENV = "COURSE_STALL_TIMEOUT_S"
@@ -362,7 +365,8 @@ class WorkerCall:
         setup: called first in the process (a launcher's own preparations), or None.
 
     The driver's MLflow credentials for a Databricks workspace (:func:`helpers.tracking.worker_credentials`) are
-    taken when the call is made and set in every process, so that rank 0 can log from a Spark task.
+    taken when the call is made and set in every process, so that rank 0 can log from a Spark task; the driver's
+    active experiment and run ids are removed.
     """
 
     def __init__(self, fn: Callable[..., Any], job: JobFolder, rank_env: str, setup: Callable[[], None] | None = None):
@@ -375,6 +379,8 @@ class WorkerCall:
         self.env = worker_credentials()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        for name in _DRIVER_ONLY_ENV:
+            os.environ.pop(name, None)
         os.environ.update(self.env)
         os.environ[JOB_DIR_ENV] = self.job_path
         if self.setup is not None:

@@ -252,7 +252,7 @@ def make_loader(
         cur_shard: this process's shard, 0 to ``shard_count - 1``.
         shard_count: the number of shards (processes).
         num_epochs: passes over the shard; None for an endless stream.
-        shuffle: shuffle row groups and rows (seeded), for training.
+        shuffle: shuffle the row groups and the rows inside each (seeded), for training.
         workers_count: Petastorm reader threads.
 
     Returns:
@@ -275,9 +275,12 @@ def make_loader(
         shard_count=shard_count,
         transform_spec=spec,
         workers_count=workers_count,
-        shuffling_queue_capacity=4 * batch_size if shuffle else 0,
+        # rows are shuffled by the reader, inside each row group: Petastorm's row-by-row shuffling queue would
+        # allocate 100 million slots up front (800 MB in every training process)
+        shuffling_queue_capacity=0,
         seed=0 if shuffle else None,
         shuffle_row_groups=shuffle,
+        shuffle_rows=shuffle,
     )
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from helpers import CourseInputError
 from helpers.datamodule import ONE_PASS, datamodule_for
-from helpers.devices import horovod_gpu_support, precision_for
+from helpers.devices import horovod_installed, precision_for
 from helpers.distributor import ddp_layout, make_distributor, process_group_backend, run_with_distributor
 from helpers.jobs import stall_timeout_s
 from helpers.tracking import run_name as new_run_name
@@ -54,7 +54,7 @@ def choose_launcher(launcher: str) -> str:
         CourseInputError: another value, or ``"horovod"`` where Horovod is not installed.
     """
     one_of("LAUNCHER", launcher, (AUTO, *LAUNCHERS))
-    installed = horovod_gpu_support()["installed"]
+    installed = horovod_installed()
     if launcher == AUTO:
         return "horovod" if installed else "torch_distributor"
     if launcher == "horovod" and not installed:

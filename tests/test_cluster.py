@@ -81,7 +81,7 @@ def test_executors_are_sized_to_fit_the_workers(main_run):
     report, _ = main_run
     fitted = {
         "spark.executor.cores": "1",
-        "spark.executor.memory": "768m",
+        "spark.executor.memory": "450m",  # three quarters of a 512 MB worker, at least Spark's 450 MB
         "spark.task.cpus": "1",
         "spark.cores.max": "2",
     }
@@ -205,3 +205,15 @@ def test_lesson_4s_jvms_fit_a_laptop():
     assert set(heaps) == {"driver", "master", "worker-0", "worker-1", "executor-0", "executor-1"}
     assert sum(heaps.values()) <= 3 * 1024, heaps
     assert LocalCluster(master_url="spark://10.0.0.5:7077").heaps_mb() == {"driver": heaps["driver"]}
+
+
+def test_connecting_where_the_masters_ui_cannot_be_read_sizes_executors_from_the_arguments_with_a_warning():
+    guest = LocalCluster(
+        workers=2,
+        cores_per_worker=3,
+        memory_per_worker="2g",
+        master_url="spark://127.0.0.1:1",
+        master_ui_url="http://127.0.0.1:1",
+    )
+    with pytest.warns(UserWarning, match=r"web UI http://127.0.0.1:1 cannot be read"):
+        assert guest._executor_size() == (3, executor_memory_mb(2048))

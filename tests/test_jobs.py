@@ -111,7 +111,7 @@ def test_after_a_failed_job_only_runs_left_running_are_failed_and_errors_only_wa
     assert client.get_run(finished).info.status == "FINISHED"
 
 
-def test_the_drivers_workspace_credentials_reach_a_process_that_has_none(monkeypatch, tmp_path):
+def test_the_drivers_workspace_credentials_reach_a_process_and_its_experiment_id_does_not(monkeypatch, tmp_path):
     """A Spark task does not inherit the notebook's authentication: the call carries it to every process."""
     import subprocess
     import sys
@@ -121,7 +121,7 @@ def test_the_drivers_workspace_credentials_reach_a_process_that_has_none(monkeyp
     from helpers.tracking import worker_credentials
 
     def databricks_env() -> dict:  # defined here: sent by value, as a notebook's function is
-        return {name: os.environ.get(name) for name in ("DATABRICKS_HOST", "DATABRICKS_TOKEN")}
+        return {name: os.environ.get(name) for name in ("DATABRICKS_HOST", "DATABRICKS_TOKEN", "MLFLOW_EXPERIMENT_ID")}
 
     monkeypatch.setenv("DATABRICKS_HOST", "https://adb-123.azuredatabricks.net")
     monkeypatch.setenv("DATABRICKS_TOKEN", "dapi-test-token")
@@ -129,12 +129,14 @@ def test_the_drivers_workspace_credentials_reach_a_process_that_has_none(monkeyp
     pickled = tmp_path / "call.pkl"
     pickled.write_bytes(cloudpickle.dumps(call))
     clean = {key: value for key, value in os.environ.items() if not key.startswith("DATABRICKS_")}
+    clean["MLFLOW_EXPERIMENT_ID"] = "1"  # the notebook's experiment (set_experiment exports it): not the worker's
     program = f"import cloudpickle, json; print(json.dumps(cloudpickle.loads(open({str(pickled)!r}, 'rb').read())()))"
     done = subprocess.run([sys.executable, "-c", program], env=clean, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == {
         "DATABRICKS_HOST": "https://adb-123.azuredatabricks.net",
         "DATABRICKS_TOKEN": "dapi-test-token",
+        "MLFLOW_EXPERIMENT_ID": None,
     }
     monkeypatch.delenv("DATABRICKS_TOKEN")  # half a set of credentials is none
     assert worker_credentials() == {}

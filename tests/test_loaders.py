@@ -124,6 +124,25 @@ def test_fixed_steps_per_epoch_survive_many_epochs(digits_data):
     assert counts == [30, 30, 30] and len(batches) == 30
 
 
+def test_a_training_loader_shuffles_rows_without_a_large_buffer(digits_data):
+    """Every row once per pass, in another order than the unshuffled loader's, and no up-front shuffle buffer:
+    Petastorm's row shuffling queue allocated 100 million slots (about 800 MB) in every training process."""
+    import psutil
+
+    def row_ids(shuffle: bool) -> list[int]:
+        with make_loader(digits_data.train_converter, batch_size=64, image_size=8, shuffle=shuffle) as loader:
+            return torch.cat([b["row_id"] for b in loader]).tolist()
+
+    process = psutil.Process()
+    before = process.memory_info().rss
+    shuffled = row_ids(shuffle=True)
+    grown_mb = (process.memory_info().rss - before) / 2**20
+    in_order = row_ids(shuffle=False)
+    assert sorted(shuffled) == sorted(in_order) and len(shuffled) == len(set(shuffled))
+    assert shuffled != in_order
+    assert grown_mb < 400, f"opening a shuffling loader grew this process by {grown_mb:.0f} MB"
+
+
 def test_full_pass_validation_reads_each_row_once_per_epoch(digits_data):
     batches = PetastormBatches(digits_data.val_converter, batch_size=50, image_size=16)
     for _ in range(2):

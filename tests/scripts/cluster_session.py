@@ -62,9 +62,13 @@ def registration(cluster: LocalCluster, work: str) -> dict:
 
 
 def guest(cluster: LocalCluster, start_timeout: float) -> dict:
-    """A second LocalCluster that connects to the running master: it must start and stop nothing."""
+    """A second LocalCluster that connects to the running master: it must start and stop nothing, and size its
+    executors from the workers the master reports, not from its own arguments (which no worker could host)."""
     report = {}
-    with LocalCluster(workers=2, master_url=cluster.master_url, start_timeout=start_timeout) as guest:
+    big = {"cores_per_worker": 4, "memory_per_worker": "4g"}
+    with LocalCluster(
+        workers=2, master_url=cluster.master_url, master_ui_url=cluster.ui_url, start_timeout=start_timeout, **big
+    ) as guest:
         report["guest_pids"] = guest.pids
         report["guest_master"] = guest.spark.sparkContext.master
         report["guest_sum"] = guest.spark.sparkContext.parallelize(range(100), 4).sum()
