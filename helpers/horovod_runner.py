@@ -28,7 +28,7 @@ from typing import Any
 import cloudpickle
 
 from helpers import CourseInputError
-from helpers.devices import gpu_count, horovod_gpu_support
+from helpers.devices import gpu_count, horovod_gpu_support, require_horovod
 from helpers.jobs import (
     STALL_HINT,
     CollectiveWatch,
@@ -186,17 +186,6 @@ def _worker_error(original: BaseException, job: JobFolder, np: int) -> HorovodWo
     return HorovodWorkerError(f"The Horovod job failed: {original}")
 
 
-def _require_horovod() -> None:
-    """Raise :class:`CourseInputError` in one line when Horovod cannot be imported here."""
-    try:
-        import horovod  # noqa: F401
-    except ImportError:
-        raise CourseInputError(
-            "HorovodRunner needs Horovod, which is not installed here (Databricks Runtime 16.0 ML and later ship "
-            'none): use launcher="torch_distributor" (TorchDistributor) instead.'
-        ) from None
-
-
 def _check_local_gpus(np: int, gpus: int, support: dict[str, bool]) -> None:
     """Before a local GPU job (``np < 0``, ``use_gpu=True``): one GPU per process, and a Horovod that can use them.
 
@@ -285,7 +274,7 @@ class HorovodRunner:
         """
         if not callable(main):
             raise CourseInputError(f"HorovodRunner.run needs a function to run, got {type(main).__name__}.")
-        _require_horovod()
+        require_horovod("HorovodRunner")
         self._check_picklable(main, kwargs)
         self._check_resources()
         configure_python_env()

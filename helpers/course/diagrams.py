@@ -61,11 +61,32 @@ def _box(ax, x, y, w, h, text="", fill=GREY, edge=GREY_EDGE, size=FONT, title=No
     cx = x + w / 2 if align == "center" else x + 0.12
     if title and text:
         ax.text(cx, y + h - 0.1, title, ha=align, va="top", fontsize=size, weight="bold", color=INK, gid=gid)
-        ax.text(cx, y + (h - 0.32) / 2, text, ha=align, va="center", fontsize=size - 1, color=INK, gid=gid,
-                family=family, linespacing=1.3)  # fmt: skip
+        ax.text(
+            cx,
+            y + (h - 0.32) / 2,
+            text,
+            ha=align,
+            va="center",
+            fontsize=size - 1,
+            color=INK,
+            gid=gid,
+            family=family,
+            linespacing=1.3,
+        )
     else:
-        ax.text(cx, y + h / 2, title or text, ha=align, va="center", fontsize=size, color=INK, gid=gid,
-                weight="bold" if title else "normal", family=family, linespacing=1.3)  # fmt: skip
+        ax.text(
+            cx,
+            y + h / 2,
+            title or text,
+            ha=align,
+            va="center",
+            fontsize=size,
+            color=INK,
+            gid=gid,
+            weight="bold" if title else "normal",
+            family=family,
+            linespacing=1.3,
+        )
     return gid
 
 
@@ -82,7 +103,7 @@ def _arrow(ax, start, end, color=INK, both=False, width=1.3, rad=0.0):
             connectionstyle=f"arc3,rad={rad}",
             shrinkA=0,
             shrinkB=0,
-        )  # fmt: skip
+        )
     )
 
 
@@ -111,8 +132,14 @@ def course_stack() -> Figure:
         if index:
             _arrow(ax, (x - gap + 0.03, y + 0.57), (x - 0.03, y + 0.57))
     ax.add_patch(Rectangle((0.2, 2.1), 0.22, 0.22, facecolor=GREEN, edgecolor=GREEN_EDGE))
-    _label(ax, 0.52, 2.21, "checked by lesson 0: the data, a Spark session, a 2-process Horovod allreduce and an "
-           "MLflow run", size=9.5, va="center")  # fmt: skip
+    _label(
+        ax,
+        0.52,
+        2.21,
+        "checked by lesson 0: the data, a Spark session, a 2-process Horovod allreduce and an MLflow run",
+        size=9.5,
+        va="center",
+    )
     return fig
 
 
@@ -132,8 +159,15 @@ def data_path() -> Figure:
         _box(ax, x, y, width, 1.2, text, fill, edge, title=title, size=9.5)
         if index:
             _arrow(ax, (x - gap + 0.03, y + 0.6), (x - 0.03, y + 0.6))
-    _label(ax, 0.15, 4.3, "Bytes stay encoded (PNG/JPEG) until the loader's TransformSpec decodes them on the worker.",
-           size=9.5, va="center", style="italic")  # fmt: skip
+    _label(
+        ax,
+        0.15,
+        4.3,
+        "Bytes stay encoded (PNG/JPEG) until the loader's TransformSpec decodes them on the worker.",
+        size=9.5,
+        va="center",
+        style="italic",
+    )
     shard_fill = [(BLUE, BLUE_EDGE), (GREEN, GREEN_EDGE)]
     cache_x = 0.15 + 4 * (width + gap) + width / 2
     files_left = 4.6
@@ -145,13 +179,21 @@ def data_path() -> Figure:
     for worker in range(2):
         fill, edge = shard_fill[worker]
         x = files_left + 0.25 + worker * 2.6
-        _box(ax, x, 0.2, 2.15, 0.85, f"cur_shard={worker}, shard_count=2", fill, edge,
-             title=f"worker {worker}", size=9.5)  # fmt: skip
+        _box(
+            ax, x, 0.2, 2.15, 0.85, f"cur_shard={worker}, shard_count=2", fill, edge, title=f"worker {worker}", size=9.5
+        )
         for part in (worker, worker + 2):
             _arrow(ax, (files_left + part * 1.3 + 0.52, 1.62), (x + 1.07, 1.08), color=edge, width=1.0)
-    _label(ax, 0.15, 1.3, "make_torch_dataloader(cur_shard=k, shard_count=N):\nworker k reads only its own row "
-           "groups.\nFewer files than workers: a worker gets nothing.", size=9.5, va="center",
-           linespacing=1.4)  # fmt: skip
+    _label(
+        ax,
+        0.15,
+        1.3,
+        "make_torch_dataloader(cur_shard=k, shard_count=N):\nworker k reads only its own row "
+        "groups.\nFewer files than workers: a worker gets nothing.",
+        size=9.5,
+        va="center",
+        linespacing=1.4,
+    )
     return fig
 
 
@@ -179,14 +221,27 @@ def lightning_split() -> Figure:
         _label(ax, 0.32, top - 0.15, line, size=9.5, va="center", family="monospace")
     _label(ax, 5.2, 4.15, "Where each part goes", size=10.5, weight="bold", va="center")
     parts = [
-        ("You write: LightningModule", "training_step, validation_step (the loss and\nwhat to log), "
-         "configure_optimizers", model, 1.0),
-        ("You write: LightningDataModule", "train_dataloader, val_dataloader:\nthe loaders of this device's shard",
-         data, 1.0),
-        ("Lightning's Trainer does the rest", "the loops, moving batches to the device, zero_grad,\nbackward, step, "
-         "logging; callbacks: EarlyStopping,\nModelCheckpoint (and resume); several devices\nthrough a strategy "
-         "(DDP, Horovod)", trainer, 1.42),
-    ]  # fmt: skip
+        (
+            "You write: LightningModule",
+            "training_step, validation_step (the loss and\nwhat to log), configure_optimizers",
+            model,
+            1.0,
+        ),
+        (
+            "You write: LightningDataModule",
+            "train_dataloader, val_dataloader:\nthe loaders of this device's shard",
+            data,
+            1.0,
+        ),
+        (
+            "Lightning's Trainer does the rest",
+            "the loops, moving batches to the device, zero_grad,\nbackward, step, "
+            "logging; callbacks: EarlyStopping,\nModelCheckpoint (and resume); several devices\nthrough a strategy "
+            "(DDP, Horovod)",
+            trainer,
+            1.42,
+        ),
+    ]
     top = 3.85
     for title, text, (fill, edge), height in parts:
         _box(ax, 5.2, top - height, 4.85, height, text, fill, edge, title=title, size=9.5, align="left")
@@ -211,8 +266,16 @@ def allreduce_step() -> Figure:
         _label(ax, 0.15, y + 0.3, name, size=9.5, va="center", color="#555555")
         for rank, x in enumerate(columns):
             first = y == rows[0][0] and rank == 0
-            _box(ax, x - width / 2, y, width, height, text(rank), *((PURPLE, PURPLE_EDGE) if first else (fill, edge)),
-                 size=9.5)  # fmt: skip
+            _box(
+                ax,
+                x - width / 2,
+                y,
+                width,
+                height,
+                text(rank),
+                *((PURPLE, PURPLE_EDGE) if first else (fill, edge)),
+                size=9.5,
+            )
     _arrow(ax, (columns[0] + width / 2 + 0.02, 4.6), (columns[1] - width / 2 - 0.02, 4.6), color=PURPLE_EDGE)
     _arrow(ax, (columns[0] + 0.2, 4.92), (columns[2] - 0.2, 4.92), color=PURPLE_EDGE, rad=-0.12)
     for x in columns:
@@ -221,9 +284,17 @@ def allreduce_step() -> Figure:
         _arrow(ax, (x, 2.38), (x, 2.07), color=ORANGE_EDGE, width=1.0)
         _arrow(ax, (x, 1.43), (x, 1.32), color=ORANGE_EDGE, width=1.0)
     _label(ax, 0.15, 1.75, "average", size=9.5, va="center", color="#555555")
-    _box(ax, columns[0] - width / 2, 1.45, columns[2] - columns[0] + width, 0.6,
-         "allreduce: every rank receives $\\bar{g}$ = ($g_0$ + $g_1$ + $g_2$) / 3", ORANGE, ORANGE_EDGE,
-         size=10)  # fmt: skip
+    _box(
+        ax,
+        columns[0] - width / 2,
+        1.45,
+        columns[2] - columns[0] + width,
+        0.6,
+        "allreduce: every rank receives $\\bar{g}$ = ($g_0$ + $g_1$ + $g_2$) / 3",
+        ORANGE,
+        ORANGE_EDGE,
+        size=10,
+    )
     return fig
 
 
@@ -240,16 +311,30 @@ def launchers() -> Figure:
     """Lesson 4: Horovod on Spark and TorchDistributor side by side: driver, executors, tasks, processes."""
     fig, ax = _canvas(10.2, 5.0)
     panels = [
-        (0.1, "Horovod on Spark", "HorovodRunner(np=2).run(train_hvd)", "Spark job: 2 tasks",
-         "train_hvd\nhvd.init(): rank {r}", "Horovod allreduce\n(Gloo / NCCL)", BLUE, BLUE_EDGE),
-        (5.2, "TorchDistributor", "TorchDistributor(num_processes=2,\nlocal_mode=False).run(ddp_train)",
-         "barrier stage: 2 tasks start together", "torchrun -> ddp_train\nRANK={r} from os.environ",
-         "DDP allreduce\n(Gloo / NCCL)", ORANGE, ORANGE_EDGE),
-    ]  # fmt: skip
+        (
+            0.1,
+            "Horovod on Spark",
+            "HorovodRunner(np=2).run(train_hvd)",
+            "Spark job: 2 tasks",
+            "train_hvd\nhvd.init(): rank {r}",
+            "Horovod allreduce\n(Gloo / NCCL)",
+            BLUE,
+            BLUE_EDGE,
+        ),
+        (
+            5.2,
+            "TorchDistributor",
+            "TorchDistributor(num_processes=2,\nlocal_mode=False).run(ddp_train)",
+            "barrier stage: 2 tasks start together",
+            "torchrun -> ddp_train\nRANK={r} from os.environ",
+            "DDP allreduce\n(Gloo / NCCL)",
+            ORANGE,
+            ORANGE_EDGE,
+        ),
+    ]
     for left, title, call, job, process, link, fill, edge in panels:
         _label(ax, left + 2.45, 4.75, title, size=11, weight="bold", ha="center", va="center")
-        _box(ax, left + 0.45, 3.55, 4.0, 0.9, call, "#ffffff", INK, title="driver (this notebook)", size=9,
-             mono=True)  # fmt: skip
+        _box(ax, left + 0.45, 3.55, 4.0, 0.9, call, "#ffffff", INK, title="driver (this notebook)", size=9, mono=True)
         _label(ax, left + 2.45, 3.22, job, size=9, ha="center", va="center", style="italic")
         for worker in range(2):
             x = left + worker * 2.65
@@ -282,41 +367,67 @@ def epoch_pitfall() -> Figure:
                 for part in range(stripes):
                     fill, edge = (ORANGE, ORANGE_EDGE) if fixed else (device_fill[part], device_edge[part])
                     width = unit / stripes
-                    ax.add_patch(Rectangle((left + index * unit + part * width, y), width, 0.32, facecolor=fill,
-                                           edgecolor=edge))  # fmt: skip
+                    ax.add_patch(
+                        Rectangle((left + index * unit + part * width, y), width, 0.32, facecolor=fill, edgecolor=edge)
+                    )
             end = left + passes * unit + 0.12
             words = f"{passes} pass{'es' if passes > 1 else ''} of the data"
             _label(ax, end, y + 0.16, words, size=9.5, va="center")
-    _label(ax, 0.15, 0.25, "Early stopping counts epochs: with fixed steps, 4 devices train on 16 times more data "
-           "between two checks.", size=9.5, va="center", style="italic")  # fmt: skip
+    _label(
+        ax,
+        0.15,
+        0.25,
+        "Early stopping counts epochs: with fixed steps, 4 devices train on 16 times more data between two checks.",
+        size=9.5,
+        va="center",
+        style="italic",
+    )
     return fig
 
 
 DIAGRAMS: tuple[Diagram, ...] = (
-    Diagram("course_stack", "00_environment_check",
-            "The course's tools in the order the data flows through them: image files, Spark and Delta, Petastorm, "
-            "Lightning, Horovod or TorchDistributor, MLflow; lesson 0 checks the data, Spark, Horovod and MLflow.",
-            course_stack),
-    Diagram("data_path", "01_data_lake_petastorm",
-            "The data path: image files, read by Spark's binaryFile source, written as Delta table versions, split "
-            "per class, cached as Parquet files by Petastorm, and each worker reads its own shard of the files.",
-            data_path),
-    Diagram("lightning_split", "02_lightning_refactor",
-            "The plain PyTorch loop line by line, coloured by where each line goes: the LightningModule, the "
-            "LightningDataModule, or Lightning's Trainer and its callbacks.",
-            lightning_split),
-    Diagram("allreduce_step", "03_horovod_single_node",
-            "One data-parallel step on three ranks: rank 0 broadcasts the weights once, each rank reads a batch of "
-            "its own shard and computes its gradient, allreduce gives every rank the average gradient, and every "
-            "rank takes the same optimizer step.",
-            allreduce_step),
-    Diagram("launchers", "04_multi_node_scaling",
-            "Horovod on Spark and TorchDistributor side by side: the driver starts a Spark job of two tasks, one in "
-            "the executor of each worker; each task runs one training process, and the processes average "
-            "gradients with an allreduce.",
-            launchers),
-    Diagram("epoch_pitfall", "05_early_stopping_analysis",
-            "How much data one epoch reads on 1, 2 and 4 devices: one pass with the per-device batch fixed, "
-            "but 1, 4 and 16 passes when the steps per epoch stay fixed and the per-device batch grows.",
-            epoch_pitfall),
-)  # fmt: skip
+    Diagram(
+        "course_stack",
+        "00_environment_check",
+        "The course's tools in the order the data flows through them: image files, Spark and Delta, Petastorm, "
+        "Lightning, Horovod or TorchDistributor, MLflow; lesson 0 checks the data, Spark, Horovod and MLflow.",
+        course_stack,
+    ),
+    Diagram(
+        "data_path",
+        "01_data_lake_petastorm",
+        "The data path: image files, read by Spark's binaryFile source, written as Delta table versions, split "
+        "per class, cached as Parquet files by Petastorm, and each worker reads its own shard of the files.",
+        data_path,
+    ),
+    Diagram(
+        "lightning_split",
+        "02_lightning_refactor",
+        "The plain PyTorch loop line by line, coloured by where each line goes: the LightningModule, the "
+        "LightningDataModule, or Lightning's Trainer and its callbacks.",
+        lightning_split,
+    ),
+    Diagram(
+        "allreduce_step",
+        "03_horovod_single_node",
+        "One data-parallel step on three ranks: rank 0 broadcasts the weights once, each rank reads a batch of "
+        "its own shard and computes its gradient, allreduce gives every rank the average gradient, and every "
+        "rank takes the same optimizer step.",
+        allreduce_step,
+    ),
+    Diagram(
+        "launchers",
+        "04_multi_node_scaling",
+        "Horovod on Spark and TorchDistributor side by side: the driver starts a Spark job of two tasks, one in "
+        "the executor of each worker; each task runs one training process, and the processes average "
+        "gradients with an allreduce.",
+        launchers,
+    ),
+    Diagram(
+        "epoch_pitfall",
+        "05_early_stopping_analysis",
+        "How much data one epoch reads on 1, 2 and 4 devices: one pass with the per-device batch fixed, "
+        "but 1, 4 and 16 passes when the steps per epoch stay fixed and the per-device batch grows.",
+        epoch_pitfall,
+    ),
+)
