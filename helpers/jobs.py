@@ -45,12 +45,14 @@ __all__ = [
     "pin_threads",
     "record_mlflow_run",
     "stall_timeout_s",
+    "worker_credentials",
 ]
 
 JOB_DIR_ENV = "COURSE_JOB_DIR"  # set in every worker process: its job's folder
 # The notebook's active MLflow experiment and run (``mlflow.set_experiment`` exports the id): not the workers'; a
 # worker inheriting them would log into, or fail on, an experiment of another store. Training picks its own by name.
 _DRIVER_ONLY_ENV = ("MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID")
+DATABRICKS_CREDENTIALS = ("DATABRICKS_HOST", "DATABRICKS_TOKEN")
 
 #: How long a rank may wait in one collective (allreduce, broadcast, ...) before the job is ended as stalled.
 STALL_TIMEOUT_ENV = "COURSE_STALL_TIMEOUT_S"
@@ -355,6 +357,28 @@ def pin_threads(threads: int) -> int:
     return threads
 
 
+def worker_credentials() -> dict[str, str]:
+    """On the driver: what a training process on a worker needs to log to the workspace's MLflow on Databricks.
+
+    A Spark task does not inherit the notebook's authentication, so the launchers hand every process the
+    workspace's URL and a token (``DATABRICKS_HOST``, ``DATABRICKS_TOKEN``), the way Databricks' TorchDistributor
+    examples do: taken from the driver's environment when set, else from the notebook's context.
+
+    Returns:
+        The two variables on Databricks (or where the driver's environment sets both), else an empty dict.
+    """
+    found = {name: os.environ[name] for name in DATABRICKS_CREDENTIALS if os.environ.get(name)}
+    if len(found) == len(DATABRICKS_CREDENTIALS):
+        return found
+    if "DATABRICKS_RUNTIME_VERSION" not in os.environ:
+        return {}
+    from pyspark.dbutils import DBUtils  # only on Databricks
+    from pyspark.sql import SparkSession
+
+    context = DBUtils(SparkSession.getActiveSession()).notebook.entry_point.getDbutils().notebook().getContext()
+    return {"DATABRICKS_HOST": context.apiUrl().get(), "DATABRICKS_TOKEN": context.apiToken().get()}
+
+
 class WorkerCall:
     """What every process of a job runs: the user's function, with a failure record if it raises.
 
@@ -364,14 +388,12 @@ class WorkerCall:
         rank_env: the environment variable holding the process's global rank (``HOROVOD_RANK``, ``RANK``).
         setup: called first in the process (a launcher's own preparations), or None.
 
-    The driver's MLflow credentials for a Databricks workspace (:func:`helpers.tracking.worker_credentials`) are
+    The driver's MLflow credentials for a Databricks workspace (:func:`worker_credentials`) are
     taken when the call is made and set in every process, so that rank 0 can log from a Spark task; the driver's
     active experiment and run ids are removed.
     """
 
     def __init__(self, fn: Callable[..., Any], job: JobFolder, rank_env: str, setup: Callable[[], None] | None = None):
-        from helpers.tracking import worker_credentials
-
         self.fn = fn
         self.job_path = str(job.path)
         self.rank_env = rank_env

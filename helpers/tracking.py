@@ -8,7 +8,6 @@ workspace's URI (``"databricks"``, ``"http://host:5000"``): it is used as given.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import uuid
 from datetime import datetime
@@ -28,10 +27,7 @@ __all__ = [
     "run_name",
     "setup_mlflow",
     "tracking_uri",
-    "worker_credentials",
 ]
-
-DATABRICKS_CREDENTIALS = ("DATABRICKS_HOST", "DATABRICKS_TOKEN")
 
 # Schema migrations and store set-up log at INFO on every new process: not useful in a notebook.
 for _name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent"):
@@ -160,25 +156,3 @@ def metric_history(run_id: str, key: str, uri: str | None = None) -> list[tuple[
     """
     history = MlflowClient(resolve_uri(uri)).get_metric_history(run_id, key)
     return sorted((metric.step, metric.value) for metric in history)
-
-
-def worker_credentials() -> dict[str, str]:
-    """On the driver: what a training process on a worker needs to log to the workspace's MLflow on Databricks.
-
-    A Spark task does not inherit the notebook's authentication, so the launchers hand every process the
-    workspace's URL and a token (``DATABRICKS_HOST``, ``DATABRICKS_TOKEN``), the way Databricks' TorchDistributor
-    examples do: taken from the driver's environment when set, else from the notebook's context.
-
-    Returns:
-        The two variables on Databricks (or where the driver's environment sets both), else an empty dict.
-    """
-    found = {name: os.environ[name] for name in DATABRICKS_CREDENTIALS if os.environ.get(name)}
-    if len(found) == len(DATABRICKS_CREDENTIALS):
-        return found
-    if "DATABRICKS_RUNTIME_VERSION" not in os.environ:
-        return {}
-    from pyspark.dbutils import DBUtils  # only on Databricks
-    from pyspark.sql import SparkSession
-
-    context = DBUtils(SparkSession.getActiveSession()).notebook.entry_point.getDbutils().notebook().getContext()
-    return {"DATABRICKS_HOST": context.apiUrl().get(), "DATABRICKS_TOKEN": context.apiToken().get()}

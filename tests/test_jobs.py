@@ -118,7 +118,7 @@ def test_the_drivers_workspace_credentials_reach_a_process_and_its_experiment_id
 
     import cloudpickle
 
-    from helpers.tracking import worker_credentials
+    from helpers.jobs import worker_credentials
 
     def databricks_env() -> dict:  # defined here: sent by value, as a notebook's function is
         return {name: os.environ.get(name) for name in ("DATABRICKS_HOST", "DATABRICKS_TOKEN", "MLFLOW_EXPERIMENT_ID")}
