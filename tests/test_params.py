@@ -203,6 +203,8 @@ def test_only_selects_by_prefix_and_rejects_unknown():
     assert [p.stem[:2] for p in select(SOLUTIONS, ["02"])] == ["02"]
     with pytest.raises(CourseInputError, match="--only 7"):
         select(SOLUTIONS, ["7"])
+    with pytest.raises(CourseInputError, match="^--outputs 7: no solution notebook"):
+        select(SOLUTIONS, ["7"], option="--outputs")
 
 
 def test_check_prints_what_each_notebook_gets(capsys):

@@ -108,6 +108,6 @@ def command(args: argparse.Namespace) -> int:
     notebooks = build.solution_notebooks(args.solutions)
     for path in notebooks:
         print(f"{'wrote' if refresh(path) else 'unchanged'} {build.display_path(path)}")
-    for path in run.select(notebooks, args.outputs) if args.outputs else []:
+    for path in run.select(notebooks, args.outputs, option="--outputs") if args.outputs else []:
         print(f"{record_outputs(path)} compared outputs changed in {build.display_path(path)}")
     return 0

@@ -377,12 +377,13 @@ def resolve_all(
     return {path: notebook_parameters(params, path, declared[path]) for path in notebooks}
 
 
-def select(notebooks: Sequence[Path], only: Sequence[str] | None) -> list[Path]:
+def select(notebooks: Sequence[Path], only: Sequence[str] | None, option: str = "--only") -> list[Path]:
     """The notebooks chosen with ``--only``.
 
     Args:
         notebooks: every notebook.
         only: name prefixes (``02`` or ``02_lightning``); None or empty: all.
+        option: the command-line option they came from, for the message.
 
     Returns:
         The notebooks whose stem starts with one of ``only``, in order.
@@ -396,7 +397,7 @@ def select(notebooks: Sequence[Path], only: Sequence[str] | None) -> list[Path]:
     missing = [prefix for prefix in only if not any(nb.stem.startswith(prefix) for nb in notebooks)]
     if missing:
         raise CourseInputError(
-            f"--only {' '.join(missing)}: no solution notebook starts with that; there are "
+            f"{option} {' '.join(missing)}: no solution notebook starts with that; there are "
             f"{', '.join(nb.stem for nb in notebooks)}."
         )
     return chosen
