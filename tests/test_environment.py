@@ -19,14 +19,14 @@ def requirement_pins() -> dict[str, str]:
     for line in (ROOT / "requirements.txt").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             name, pinned = line.split("==")
-            pins[name.strip().lower()] = pinned.strip()
+            pins[name.strip().lower()] = pinned.strip()  # with its extras, e.g. ray[default,train]
     return pins
 
 
 def test_every_requirement_is_pinned_exactly():
     for line in (ROOT / "requirements.txt").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
-            assert re.fullmatch(r"[A-Za-z0-9_.\-]+==[0-9][A-Za-z0-9_.+]*", line.strip()), line
+            assert re.fullmatch(r"[A-Za-z0-9_.\-]+(\[[a-z,]+\])?==[0-9][A-Za-z0-9_.+]*", line.strip()), line
 
 
 def test_environment_yml_pins_equal_requirements():
@@ -45,7 +45,7 @@ def test_environment_yml_pins_equal_requirements():
 
 def test_installed_versions_match_the_pins():
     for name, pinned in requirement_pins().items():
-        installed = version(name)
+        installed = version(name.split("[")[0])
         assert installed.split("+")[0] == pinned, f"{name}: installed {installed}, pinned {pinned}"
 
 
