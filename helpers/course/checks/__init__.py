@@ -75,6 +75,12 @@ def register(exercise_id: str) -> Callable[[CheckFunction], CheckFunction]:
     """Decorator: make ``fn(answer) -> success message`` the check for ``exercise_id`` (e.g. ``"1.3"``).
 
     Registering an id again replaces the earlier function (re-running a notebook cell is harmless).
+
+    Args:
+        exercise_id: the exercise's id, ``"N.x"`` (``check`` finds ``"N.x"`` in ``helpers.course.checks.lessonN``).
+
+    Returns:
+        A decorator that registers the function and returns it unchanged.
     """
 
     def decorate(fn: CheckFunction) -> CheckFunction:
@@ -92,6 +98,12 @@ def is_stub(fn: Any) -> bool:
 
     That is what ``helpers.course build`` leaves of a function whose whole body was a solution region. The test
     is on the byte code (the function just returns None), so it needs no source.
+
+    Args:
+        fn: any object; only something with a ``__code__`` (a function) can be a stub.
+
+    Returns:
+        True for a function whose body does nothing, False for anything else.
     """
     code = getattr(fn, "__code__", None)
     if code is None:
@@ -101,7 +113,14 @@ def is_stub(fn: Any) -> bool:
 
 
 def require_implemented(*functions: Any) -> None:
-    """Raise :class:`NotAttempted` if any of ``functions`` (e.g. methods of a class) is still a stub."""
+    """Raise :class:`NotAttempted` if any of ``functions`` (e.g. methods of a class) is still a stub.
+
+    Args:
+        functions: the functions or methods the answer must have written (tested with :func:`is_stub`).
+
+    Raises:
+        NotAttempted: naming the first of ``functions`` that is still a stub.
+    """
     for fn in functions:
         if is_stub(fn):
             raise NotAttempted(f"{getattr(fn, '__qualname__', fn)} is not written yet")
@@ -110,8 +129,15 @@ def require_implemented(*functions: Any) -> None:
 def require(namespace: Mapping[str, Any] | object, *names: str) -> Any:
     """Fetch ``names`` from ``namespace`` (``globals()`` or any object with attributes) for a check.
 
-    Raises :class:`NotAttempted` when a name is missing, is still ``...``, or is a function whose body is a stub.
-    Returns the value for one name, a tuple of values for several.
+    Args:
+        namespace: a mapping of names to values (``globals()``), or an object whose attributes are read.
+        names: the names the answer must define.
+
+    Returns:
+        The value for one name, a tuple of the values (in the order of ``names``) for several.
+
+    Raises:
+        NotAttempted: a name is missing, is still ``...``, or is a function whose body is a stub.
     """
     values = []
     for name in names:
@@ -130,7 +156,15 @@ def require(namespace: Mapping[str, Any] | object, *names: str) -> Any:
 def whole_number(value: Any, what: str) -> int:
     """``value`` as an ``int`` if it is a whole number of any type (``int``, numpy integer, integral float).
 
-    Raises :class:`CheckFailed` naming ``what`` for anything else, ``True``/``False`` included.
+    Args:
+        value: what the answer returned.
+        what: how the hint names the call that returned it (e.g. ``"validation_count(10, 0.2)"``).
+
+    Returns:
+        ``value`` as an ``int``.
+
+    Raises:
+        CheckFailed: ``value`` is not a whole number (``True`` and ``False`` are not).
     """
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return int(value)
@@ -140,7 +174,17 @@ def whole_number(value: Any, what: str) -> int:
 
 
 def close(got: Any, expected: float, rel: float = 1e-9) -> bool:
-    """True if ``got`` is a real number (numpy scalars and 0-d tensors included) within ``rel`` of ``expected``."""
+    """True if ``got`` is a real number (numpy scalars and 0-d tensors included) within ``rel`` of ``expected``.
+
+    Args:
+        got: what the answer returned, compared as ``float(got)``; ``True``/``False``, and anything ``float()``
+            rejects with ``TypeError`` or ``ValueError``, are not close.
+        expected: the right value.
+        rel: the relative tolerance (with an absolute tolerance of 1e-12, for values near 0).
+
+    Returns:
+        Whether ``got`` is close to ``expected``.
+    """
     try:
         value = float(got)
     except (TypeError, ValueError):
@@ -187,6 +231,16 @@ def own_work(*helpers: Any) -> Iterator[None]:
     than ``__init__``) that implement the exercise being checked. Works however the answer reaches them: by
     import, alias, inheritance or ``super()``, even if it catches the exception. Only in this process: a check
     that runs the answer in worker processes enters the block there.
+
+    Args:
+        helpers: the course's functions, methods, properties or classes the answer must not call; closures (and
+            anything without byte code) are skipped.
+
+    Yields:
+        None; the helpers' original code is back when the block ends.
+
+    Raises:
+        Delegated: the block called one of ``helpers``; it replaces any other exception the block raised then.
     """
     swapped = []
     for fn, name in _functions(helpers):
@@ -261,7 +315,19 @@ def _judged(call: Callable[[], Any]) -> tuple[str, str]:
 
 
 def format_line(exercise_id: str, status: str, message: str) -> str:
-    """The one human-readable line for a check result."""
+    """The one human-readable line for a check result.
+
+    Args:
+        exercise_id: the exercise's id, e.g. ``"1.3"``.
+        status: :data:`PASSED`, :data:`FAILED`, :data:`NOT_ATTEMPTED` or :data:`ERROR`.
+        message: the success message or hint; empty for none.
+
+    Returns:
+        The status's icon, the id, its word and the message, e.g. ``"❌ 1.3 not yet: <hint>"``.
+
+    Raises:
+        KeyError: ``status`` is not one of the four.
+    """
     words = {
         PASSED: "correct",
         FAILED: "not yet",
@@ -298,6 +364,17 @@ def check(exercise_id: str, answer: Any) -> bool:
 
     Shows one line (correct, a hint, or not attempted), emits the grader's record (and logs it to the file
     named by ``$COURSE_CHECK_LOG``, if set), never raises, and returns True only when the answer passed.
+
+    Args:
+        exercise_id: the exercise's id, ``"N.x"`` (a number such as ``1.3`` is converted with ``str()`` first).
+        answer: what the exercise's check function takes: the learner's function or class, or ``globals()``.
+            ``...``, a stub function, or a tuple or list holding ``...`` counts as not attempted.
+
+    Returns:
+        True when the check function returned; False when the answer is unanswered, when the check raised
+        (:class:`NotAttempted`: not attempted; :class:`CheckFailed` or any other exception: failed), or when it
+        could not be run (an id not like ``"N.x"``, no check registered for it, or a lesson module that fails
+        to import).
     """
     exercise_id = str(exercise_id)
     status, message = _run(exercise_id, answer)

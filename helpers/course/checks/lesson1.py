@@ -76,7 +76,22 @@ def _class_names(rng: random.Random, count: int) -> list[str]:
 
 @register("1.1")
 def label_from_path(label_column) -> str:
-    """``label_column(df)`` adds a ``label`` column: the name of the folder an image file sits in."""
+    """``label_column(df)`` adds a ``label`` column: the name of the folder an image file sits in.
+
+    Args:
+        label_column: the answer, run on a DataFrame of file paths under made-up class folders and URI schemes.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``label_column`` is still a stub.
+        CheckFailed: no active SparkSession; the result lacks the ``label`` or ``path`` column; a path got
+            another label than its folder's name.
+        Delegated: the answer calls ``lake.read_images`` or ``lake.ingest_images``.
+        Exception: any other error from the answer or from using what it returned, unchanged (``check`` shows
+            it as a failure).
+    """
     require_implemented(label_column)
     rng = random.Random(SEED)
     roots = ("file:/data/flowers", "dbfs:/mnt/lake/raw", "s3a://bucket/images/2024", "file:/tmp/a.b/c")
@@ -102,7 +117,21 @@ def label_from_path(label_column) -> str:
 
 @register("1.2")
 def stable_label_indices(label_indices) -> str:
-    """``label_indices(labels)`` maps each distinct class name to its position among the sorted names."""
+    """``label_indices(labels)`` maps each distinct class name to its position among the sorted names.
+
+    Args:
+        label_indices: the answer, run on lists of 2, 5 and 11 made-up class names, each in two shuffled orders.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``label_indices`` is still a stub.
+        CheckFailed: the result is not a mapping, holds an index that is not a whole number, or is not
+            ``{name: position among the sorted names}``.
+        Exception: any other error from the answer or from using what it returned, unchanged (``check`` shows
+            it as a failure).
+    """
     require_implemented(label_indices)
     rng = random.Random(SEED)
     for count in (2, 5, 11):
@@ -133,7 +162,21 @@ def _right_counts(n: int, fraction: float) -> set[int]:
 
 @register("1.3")
 def validation_count_rule(validation_count) -> str:
-    """``validation_count(n, val_fraction)``: images of one class that go to validation."""
+    """``validation_count(n, val_fraction)``: images of one class that go to validation.
+
+    Args:
+        validation_count: the answer, run on fixed and seeded ``(n, val_fraction)`` cases, edge cases included.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``validation_count`` is still a stub.
+        CheckFailed: a result is not a whole number, or not ``n * val_fraction`` rounded to the nearest image
+            (either way at a half) and kept within 1 to ``n - 1``.
+        Delegated: the answer calls ``loaders.stratified_split``.
+        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
+    """
     require_implemented(validation_count)
     rng = random.Random(SEED)
     cases = [(100, 0.2), (10, 0.25), (30, 0.05), (9, 0.3), (2, 0.1), (3, 0.9), (10, 0.01), (5, 0.95), (1797, 0.2)]
@@ -158,7 +201,22 @@ def validation_count_rule(validation_count) -> str:
 
 @register("1.4")
 def repartition_rule(repartition_for_devices) -> str:
-    """``repartition_for_devices(df, num_devices)`` spreads ``df`` over 2 non-empty partitions per device."""
+    """``repartition_for_devices(df, num_devices)`` spreads ``df`` over 2 non-empty partitions per device.
+
+    Args:
+        repartition_for_devices: the answer, run on DataFrames of 150 to 2,000 rows for 1, 3 and 40 devices.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``repartition_for_devices`` is still a stub.
+        CheckFailed: no active SparkSession; the rows are not in exactly ``2 * num_devices`` non-empty
+            partitions; a row was lost or duplicated.
+        Delegated: the answer calls ``loaders.partitions_for`` or ``loaders.prepare_data``.
+        Exception: any other error from the answer or from using what it returned, unchanged (``check`` shows
+            it as a failure).
+    """
     from pyspark.sql import functions as F
 
     require_implemented(repartition_for_devices)
@@ -313,7 +371,25 @@ def _first_batch(converter, spec, batch_size: int):
 
 @register("1.5")
 def own_transform_spec(transform_spec) -> str:
-    """``transform_spec(image_size)``: a Petastorm TransformSpec that decodes ``content`` into normalised tensors."""
+    """``transform_spec(image_size)``: a Petastorm TransformSpec that decodes ``content`` into normalised tensors.
+
+    Args:
+        transform_spec: the answer; its spec reads the sample converter of solid-colour images at two image and
+            batch sizes.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``transform_spec`` is still a stub.
+        CheckFailed: no active SparkSession; the result is not a ``TransformSpec``; Petastorm raised a
+            ``TypeError`` or ``ValueError`` reading through it (with a hint); a batch has the wrong keys, shape,
+            dtypes or pixel values.
+        Delegated: the answer calls ``loaders.image_transform_spec``, ``loaders.decode_image`` or
+            ``loaders.make_loader``.
+        Exception: any other error from the answer or from reading through its spec, unchanged (``check``
+            shows it as a failure).
+    """
     from petastorm import TransformSpec
 
     require_implemented(transform_spec)
@@ -351,7 +427,24 @@ def _read_shard(shard_loader, converter, shard: int, shard_count: int, batch_siz
 
 @register("1.6")
 def disjoint_complete_shards(shard_loader) -> str:
-    """``shard_loader(converter, spec, shard, shard_count, batch_size)``: a loader over one worker's shard."""
+    """``shard_loader(converter, spec, shard, shard_count, batch_size)``: a loader over one worker's shard.
+
+    Args:
+        shard_loader: the answer, run for every shard of 2, 3 and 5 on the sample converter.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``shard_loader`` is still a stub.
+        CheckFailed: no active SparkSession; the result cannot be opened with ``with``; calling or reading it raised a
+            ``TypeError``, ``ValueError`` or ``RuntimeError``; batches are not of ``batch_size`` rows; a shard
+            yields a row twice, is empty, overlaps another, or the shards together miss rows.
+        Delegated: the answer calls ``loaders.make_loader``, ``loaders.PetastormBatches`` or
+            ``loaders.prepare_data``.
+        Exception: any other error from the answer or from reading its loader, unchanged (``check`` shows it
+            as a failure).
+    """
     require_implemented(shard_loader)
     converter = _sample_converter()
     every_id = {row[0] for row in _sample_rows()}
@@ -439,7 +532,24 @@ def _paths(path: str, version: int | None = None) -> list[str]:
 
 @register("1.7")
 def restore_after_bad_write(restore_last_good) -> str:
-    """``restore_last_good(table_path, class_names)`` makes the last version with every class current again."""
+    """``restore_last_good(table_path, class_names)`` makes the last version with every class current again.
+
+    Args:
+        restore_last_good: the answer, run on three Delta tables the check writes (under the work directory),
+            each with a different history of good and bad writes.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``restore_last_good`` is still a stub.
+        CheckFailed: the table has no new version; the current version does not hold exactly the last good
+            version's rows; the bad versions left the history; the result is not the number of the version
+            restored.
+        Delegated: the answer calls ``lake.read_table``, ``lake.write_table``, ``lake.table_history`` or
+            ``lake.ingest_images``.
+        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
+    """
     from deltalake import DeltaTable
 
     require_implemented(restore_last_good)
@@ -481,7 +591,22 @@ def restore_after_bad_write(restore_last_good) -> str:
 
 @register("1.8")
 def converter_for_devices(to_converter) -> str:
-    """``to_converter(df, num_devices)``: a Petastorm converter of the training columns in 2 files per device."""
+    """``to_converter(df, num_devices)``: a Petastorm converter of the training columns in 2 files per device.
+
+    Args:
+        to_converter: the answer, run on the sample DataFrame (the lake's columns) for 1 and 3 devices.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``to_converter`` is still a stub.
+        CheckFailed: no active SparkSession; the result is not a ``SparkDatasetConverter``; it does not hold
+            every row, is not in ``2 * num_devices`` Parquet files, or holds columns other than
+            ``loaders.TRAIN_COLUMNS``.
+        Delegated: the answer calls ``loaders.prepare_data``.
+        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
+    """
     import pyarrow.parquet as pq
     from petastorm.spark import SparkDatasetConverter
 
@@ -542,7 +667,23 @@ def _epochs(batches, epochs: int, batch_size: int, steps: int) -> list[int]:
 @register("1.9")
 def epochs_of_fixed_steps(FixedStepBatches) -> str:
     """``FixedStepBatches(converter, spec, batch_size, steps_per_epoch, cur_shard, shard_count)``: every epoch
-    yields ``steps_per_epoch`` full batches from one loader that stays open, going on through the shard."""
+    yields ``steps_per_epoch`` full batches from one loader that stays open, going on through the shard.
+
+    Args:
+        FixedStepBatches: the answer's class, run for two passes' worth of epochs on shard 0 of 1 and on shard
+            1 of 2 of the sample converter.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``__init__``, ``__iter__`` or ``close`` is still a stub.
+        CheckFailed: no active SparkSession; ``len()`` is not ``steps_per_epoch``; an epoch is not
+            ``steps_per_epoch`` batches of ``batch_size`` rows; it opened more than one loader; the epochs do
+            not read exactly the shard's rows.
+        Delegated: the answer calls ``loaders.PetastormBatches`` or ``loaders.make_loader``.
+        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
+    """
     require_implemented(FixedStepBatches.__init__, FixedStepBatches.__iter__, FixedStepBatches.close)
     spec = _ids_spec()
     for shard, shard_count, batch_size, steps in ((0, 1, 8, 3), (1, 2, 5, 2)):

@@ -225,7 +225,21 @@ def _as_rank(rank: int) -> Iterator[None]:
 
 @register("2.1")
 def epoch_steps_rule(epoch_steps) -> str:
-    """``epoch_steps(rows, batch_size, world_size)``: steps per epoch for one pass over the data."""
+    """``epoch_steps(rows, batch_size, world_size)``: steps per epoch for one pass over the data.
+
+    Args:
+        epoch_steps: the answer, run on the lesson's sizes and seeded ones.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``epoch_steps`` is still a stub.
+        CheckFailed: a result is not a whole number, or not ``ceil(rows / (batch_size * world_size))`` (at
+            least 1).
+        Delegated: the answer calls ``helpers.loaders.steps_per_epoch``.
+        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
+    """
     from helpers.loaders import steps_per_epoch
 
     require_implemented(epoch_steps)
@@ -260,7 +274,22 @@ def _optimizer_cases() -> Iterator[tuple[torch.nn.Module, float, float]]:
 
 @register("2.2")
 def optimizer(make_optimizer) -> str:
-    """``make_optimizer(model, learning_rate, momentum)``: SGD over the trainable parameters."""
+    """``make_optimizer(model, learning_rate, momentum)``: SGD over the trainable parameters.
+
+    Args:
+        make_optimizer: the answer, run on four networks with different frozen parts, at seeded learning rates
+            and momenta.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``make_optimizer`` is still a stub.
+        CheckFailed: the result is not a ``torch.optim.SGD``; a parameter group's ``lr`` or ``momentum`` is not
+            the one asked for; it does not optimise exactly the parameters that require gradients.
+        Delegated: the answer calls ``LitClassificationModel.configure_optimizers``.
+        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
+    """
     from helpers.model import LitClassificationModel
 
     require_implemented(make_optimizer)
@@ -294,7 +323,24 @@ def _expected_validation(model, batches: list[dict[str, torch.Tensor]]) -> tuple
 @register("2.3")
 def lightning_steps(namespace) -> str:
     """``MyModel``: ``training_step`` returns the cross-entropy loss (or ``{"loss": ...}``); validation logs
-    ``val_loss``/``val_acc``; checked against values computed here on generated batches."""
+    ``val_loss``/``val_acc``; checked against values computed here on generated batches.
+
+    Args:
+        namespace: the notebook's ``globals()``, holding ``MyModel`` (made with ``class_count``,
+            ``learning_rate`` and ``image_size``); one step is called directly, then one epoch is fitted.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``MyModel`` is not defined, or its ``training_step`` or ``validation_step`` is a stub.
+        CheckFailed: ``training_step`` does not return a scalar tensor with gradients, or not the
+            cross-entropy; ``train_loss``, ``val_loss`` or ``val_acc`` is not logged; ``val_loss`` or
+            ``val_acc`` differs from the value computed here.
+        Delegated: the answer calls ``LitClassificationModel.training_step``, ``validation_step`` or
+            ``_loss_and_accuracy``.
+        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
+    """
     from helpers.model import LitClassificationModel
 
     model_class = require(namespace, "MyModel")
@@ -357,7 +403,24 @@ def _read(loader, what: str) -> list[tuple[list[int], tuple[int, ...]]]:
 @register("2.4")
 def datamodule_loaders(namespace) -> str:
     """``MyDataModule``: device ``device_id`` reads its own shard; training yields ``steps_per_epoch`` full
-    batches of the requested size; validation is one full pass."""
+    batches of the requested size; validation is one full pass.
+
+    Args:
+        namespace: the notebook's ``globals()``, holding ``MyDataModule``, ``train_converter`` and
+            ``val_converter``; the module is made for device 0 and device 1 of 2, at a seeded batch and image size.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: one of the three names is not defined; ``train_dataloader`` or ``val_dataloader`` is a
+            stub or returns None.
+        CheckFailed: images of the wrong shape; not ``steps_per_epoch`` training batches, or batches of another
+            size; the two devices share training or validation rows; validation does not cover every row.
+        Delegated: the answer calls ``PetastormDataModule.train_dataloader``, ``val_dataloader`` or ``_batches``.
+        Exception: any other error from the answer or from reading its loaders, unchanged (``check`` shows it
+            as a failure).
+    """
     from helpers.datamodule import PetastormDataModule
 
     module_class, train_converter, val_converter = require(
@@ -414,7 +477,22 @@ def datamodule_loaders(namespace) -> str:
 
 @register("2.5")
 def callbacks(make_callbacks) -> str:
-    """``make_callbacks(patience, min_delta, checkpoint_dir)``: EarlyStopping and ModelCheckpoint on val_loss."""
+    """``make_callbacks(patience, min_delta, checkpoint_dir)``: EarlyStopping and ModelCheckpoint on val_loss.
+
+    Args:
+        make_callbacks: the answer, called twice with seeded keyword arguments.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``make_callbacks`` is still a stub.
+        CheckFailed: the result does not hold exactly one ``EarlyStopping`` and one ``ModelCheckpoint``; either
+            does not watch ``val_loss`` in mode ``min``; ``patience`` or ``min_delta`` is not passed through; the
+            checkpoint keeps no best or no ``last.ckpt``, or is not written to ``checkpoint_dir``.
+        Exception: any other error from the answer or from using what it returned, unchanged (``check`` shows
+            it as a failure).
+    """
     from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 
     require_implemented(make_callbacks)
@@ -453,7 +531,24 @@ def _runs(client) -> dict[str, object]:
 @register("2.6")
 def tracked_fit(fit_tracked) -> str:
     """``fit_tracked(model, datamodule, callbacks, max_epochs, experiment, tracking_uri)``: a Trainer with the
-    callbacks; on global rank 0 one finished MLflow run in ``experiment`` with val_loss, none on other ranks."""
+    callbacks; on global rank 0 one finished MLflow run in ``experiment`` with val_loss, none on other ranks.
+
+    Args:
+        fit_tracked: the answer, run on a tiny model and data in a temporary folder against a private MLflow
+            store: once as rank 0 with an EarlyStopping that stops after ``patience + 1`` epochs, once as a
+            simulated rank 1 with ``max_epochs=2``.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``fit_tracked`` is still a stub.
+        CheckFailed: nothing was trained; the callbacks or ``max_epochs`` did not reach the Trainer; no
+            checkpoint was written; rank 0 recorded no MLflow run, more than one, one in another experiment,
+            one left open, or one without ``val_loss``; rank 1 recorded a run.
+        Delegated: the answer calls ``helpers.training.train`` or ``helpers.tracking.setup_mlflow``.
+        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
+    """
     import mlflow
     from mlflow.tracking import MlflowClient
     from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
@@ -572,7 +667,21 @@ def _check_resume(resume, done: int, more: int, steps: int, seed: int) -> None:
 @register("2.7")
 def resumed_training(resume) -> str:
     """``resume(model, datamodule, ckpt_path, max_epochs)``: continues a saved training (epoch, step, weights
-    and optimizer state) until ``max_epochs`` epochs in all; two generated cases with different totals."""
+    and optimizer state) until ``max_epochs`` epochs in all; two generated cases with different totals.
+
+    Args:
+        resume: the answer, given a tiny model, its data and the ``last.ckpt`` of a training the check ran.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``resume`` is still a stub.
+        CheckFailed: nothing was trained; training did not start from the checkpoint's weights, epoch and step,
+            or momentum; it did not end after ``max_epochs`` epochs in all.
+        Delegated: the answer calls ``helpers.training.train``.
+        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
+    """
     require_implemented(resume)
     rng = random.Random(27)
     _check_resume(resume, done=1, more=rng.randint(1, 2), steps=rng.randint(3, 5), seed=5)
@@ -599,7 +708,20 @@ def _log_runs(client, experiment_id: str, finals: list[float | None], statuses: 
 
 @register("2.8")
 def best_run_check(best_run) -> str:
-    """Stretch: ``best_run(experiment, tracking_uri)``: the id of the finished run with the lowest val_loss."""
+    """Stretch: ``best_run(experiment, tracking_uri)``: the id of the finished run with the lowest val_loss.
+
+    Args:
+        best_run: the answer, run on an experiment the check writes to a private MLflow store, with decoys: a
+            FAILED run with a lower val_loss, a run without val_loss, and a lower one in another experiment.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``best_run`` is still a stub.
+        CheckFailed: the result is not the ``run_id`` of the finished run with the lowest val_loss.
+        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
+    """
     from mlflow.tracking import MlflowClient
 
     require_implemented(best_run)

@@ -100,6 +100,19 @@ def check_answers(exercise_id: str, answers: list[Any]) -> list[tuple[str, str]]
     would give it alone: in every rank it runs in a fresh fork of the worker (no state, Horovod init or MLflow run
     carries over), with its own rendezvous, job folder and failure records, and a rank that fails ends that
     answer's other ranks as ``horovod.run`` does. For the test corpus; the notebooks check one answer at a time.
+
+    Args:
+        exercise_id: one of ``"3.1"``, ``"3.3"``, ``"3.5"``, ``"3.6"``.
+        answers: what ``check`` would be given for each answer (a function, or a namespace such as
+            ``globals()``).
+
+    Returns:
+        One ``(status, message)`` per answer, in the order of ``answers``: a status of
+        :data:`~helpers.course.checks.PASSED`, ``FAILED`` or ``NOT_ATTEMPTED`` and the line's message.
+
+    Raises:
+        ValueError: ``exercise_id`` is not like ``"N.x"``.
+        AttributeError: ``exercise_id`` has no check, or one that launches no Horovod job (3.2, 3.4).
     """
     from helpers.course.checks import NOT_ATTEMPTED, PASSED, _find_check, _is_unanswered, _judged
     from helpers.horovod_runner import HorovodRunner
@@ -273,7 +286,24 @@ def _shard_problem(shards: list[list[int]], rows: int) -> str | None:
 @register("3.1")
 @_one_launch
 def init_and_shard(namespace) -> str:
-    """``my_shard_ids(converter)``: after ``hvd.init()``, the row ids of this rank's shard, one full epoch."""
+    """``my_shard_ids(converter)``: after ``hvd.init()``, the row ids of this rank's shard, one full epoch.
+
+    Args:
+        namespace: the notebook's ``globals()``, holding ``my_shard_ids``, ``train_converter`` and
+            ``val_converter``; ``my_shard_ids`` runs on both converters in ``CHECK_PROCESSES`` local Horovod
+            processes (fewer if a converter has fewer Parquet files).
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: one of the three names is not defined, or ``my_shard_ids`` is a stub.
+        CheckFailed: for either converter a rank's shard is empty, two ranks read the same rows, or the ranks
+            together do not read every row once; or a rank raised (the hint names it and its last error line).
+        Delegated: a rank uses ``PetastormDataModule`` or ``PetastormBatches``.
+        CourseInputError: Horovod is not installed, or ``my_shard_ids`` or the converters cannot be pickled
+            for the workers (from ``HorovodRunner.run``).
+    """
     my_shard_ids, train_converter, val_converter = require(
         namespace, "my_shard_ids", "train_converter", "val_converter"
     )
@@ -301,7 +331,20 @@ def _warmed_up(base: float, size: int, step: int, warmup: int) -> float:
 @register("3.2")
 def learning_rate_scaling(scaled_learning_rate) -> str:
     """``scaled_learning_rate(base_lr, world_size, step, warmup_steps)``: the learning rate of optimizer step
-    ``step``, ramped linearly from ``base_lr`` to ``base_lr x world_size`` over the first ``warmup_steps`` steps."""
+    ``step``, ramped linearly from ``base_lr`` to ``base_lr x world_size`` over the first ``warmup_steps`` steps.
+
+    Args:
+        scaled_learning_rate: the answer, run in this process on fixed and seeded cases, with and without warm-up.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``scaled_learning_rate`` is still a stub.
+        CheckFailed: a result is a bool, a string or bytes, or is not the warmed-up rate.
+        Exception: any other error from the answer or from using what it returned, unchanged (``check``
+            shows it as a failure).
+    """
     require_implemented(scaled_learning_rate)
     rng = np.random.default_rng(CHECK_SEED)
     cases = [(1e-5, 1, 0, 0), (0.02, 2, 0, 0), (0.02, 2, 5, 0), (0.1, 4, 0, 10), (0.1, 4, 10, 10), (0.1, 4, 15, 10)]
@@ -365,7 +408,24 @@ def _wrap_job(make_distributed, passes_cases: list[int]) -> list[dict[str, Any]]
 @register("3.3")
 @_one_launch
 def distributed_optimizer(make_distributed) -> str:
-    """``make_distributed(model, optimizer, backward_passes_per_step)``: broadcast, then DistributedOptimizer."""
+    """``make_distributed(model, optimizer, backward_passes_per_step)``: broadcast, then DistributedOptimizer.
+
+    Args:
+        make_distributed: the answer, run in ``CHECK_PROCESSES`` local Horovod processes on a model initialised
+            differently per rank, for 1 and 3 backward passes per step.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``make_distributed`` is still a stub, or returns None.
+        CheckFailed: the result is not a ``hvd.DistributedOptimizer``; ``backward_passes_per_step`` is not
+            passed on; the ranks start from different weights; the optimizer state is not broadcast; the ranks
+            differ after one step; or a rank raised (the hint names it and its last error line).
+        Delegated: a rank uses ``HorovodStrategy``.
+        CourseInputError: Horovod is not installed, or ``make_distributed`` cannot be pickled for the workers
+            (from ``HorovodRunner.run``).
+    """
     require_implemented(make_distributed)
     passes_cases = [1, 3]
     results = yield CHECK_PROCESSES, _wrap_job, {"make_distributed": make_distributed, "passes_cases": passes_cases}
@@ -409,7 +469,24 @@ def _concurrent_runs(client, run) -> int:
 
 @register("3.4")
 def horovod_training(namespace) -> str:
-    """``hvd_result``: the TrainResult rank 0 returned from ``train_hvd`` run with ``NUM_PROCESSES`` processes."""
+    """``hvd_result``: the TrainResult rank 0 returned from ``train_hvd`` run with ``NUM_PROCESSES`` processes.
+
+    Args:
+        namespace: the notebook's ``globals()``, holding ``hvd_result``, and ``NUM_PROCESSES`` (default 2) and
+            ``MLFLOW_TRACKING_URI`` if the notebook set them; the check reads the result's MLflow run, it runs
+            nothing.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``hvd_result`` is not defined, or is None.
+        CheckFailed: the result has no MLflow run id; the run's ``world_size`` is not ``NUM_PROCESSES``; its
+            effective learning rate is not ``NUM_PROCESSES`` times its learning rate; other runs were open at
+            the same time; ``val_acc`` never rose above chance.
+        Exception: any other error (e.g. MLflow's, for a run id it does not know), unchanged (``check`` shows
+            it as a failure).
+    """
     from mlflow.tracking import MlflowClient
 
     from helpers.tracking import tracking_uri
@@ -732,7 +809,26 @@ def _by_hand_problem(seen: dict[str, Any], folder: Path, settings: dict[str, Any
 @register("3.5")
 @_one_launch
 def horovod_by_hand(namespace) -> str:
-    """``pin_device(use_gpu)`` and ``train_by_hand(...)``: the plain loop migrated to Horovod step by step."""
+    """``pin_device(use_gpu)`` and ``train_by_hand(...)``: the plain loop migrated to Horovod step by step.
+
+    Args:
+        namespace: the notebook's ``globals()``, holding ``pin_device`` and ``train_by_hand``; both run in
+            ``CHECK_PROCESSES`` local Horovod processes: ``train_by_hand`` from scratch, then resumed, on seeded
+            data with its own checkpoint folders and MLflow experiments.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``pin_device`` or ``train_by_hand`` is not defined, or is a stub.
+        CheckFailed: the first migration step missing or wrong: the device pinned, the data sharding, equal
+            weights on every rank, training, one checkpoint on rank 0 at the scaled learning rate, one MLflow run
+            with metrics per training, the resume, the broadcast optimizer state; or a rank raised (the hint
+            names it and its last error line).
+        Delegated: a rank calls ``device_for_local_rank`` or uses ``HorovodStrategy``.
+        CourseInputError: Horovod is not installed, or ``pin_device`` or ``train_by_hand`` cannot be pickled
+            for the workers (from ``HorovodRunner.run``).
+    """
     from helpers.tracking import tracking_uri
     from helpers.workdir import work_path
 
@@ -785,7 +881,22 @@ def _accuracy_job(global_accuracy, cases: list[list[tuple[int, int]]]) -> list[l
 @register("3.6")
 @_one_launch
 def global_accuracy_check(global_accuracy) -> str:
-    """``global_accuracy(correct, count)``: the accuracy over every rank's validation shard, on every rank."""
+    """``global_accuracy(correct, count)``: the accuracy over every rank's validation shard, on every rank.
+
+    Args:
+        global_accuracy: the answer, run in ``CHECK_PROCESSES`` local Horovod processes on two seeded cases of
+            per-rank ``(correct, count)``.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``global_accuracy`` is still a stub.
+        CheckFailed: a rank's result is not ``sum(correct) / sum(count)`` over all ranks; or a rank raised
+            (the hint names it and its last error line).
+        CourseInputError: Horovod is not installed, or ``global_accuracy`` cannot be pickled for the workers
+            (from ``HorovodRunner.run``).
+    """
     require_implemented(global_accuracy)
     rng = np.random.default_rng(CHECK_SEED)
     cases = []

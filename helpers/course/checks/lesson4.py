@@ -62,7 +62,22 @@ def _where_job(tag: int) -> list[dict[str, Any]]:
 @register("4.2")
 def launch_on_workers_check(namespace) -> str:
     """``launch_on_workers(fn, num_workers, **kwargs)``: ``fn(**kwargs)`` runs as Horovod processes in Spark tasks;
-    called for 1 process and for the notebook's ``WORKERS``."""
+    called for 1 process and for the notebook's ``WORKERS``.
+
+    Args:
+        namespace: the notebook's ``globals()``, holding ``launch_on_workers`` and ``WORKERS`` (default 2), with
+            an active SparkSession whose workers the processes run on.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``launch_on_workers`` is not defined, or is a stub.
+        CheckFailed: ``WORKERS`` is not a whole number; the result is not rank 0's list for that many processes;
+            ``fn`` did not get its keyword arguments; a rank ran on the driver, not in a Spark task.
+        Exception: any other error from the answer (e.g. ``HorovodRunner``'s), unchanged (``check`` shows it as
+            a failure).
+    """
     launch_on_workers = require(namespace, "launch_on_workers")
     workers = _workers(namespace)
     for count in sorted({1, workers}):
@@ -95,7 +110,23 @@ def _layout_helpers() -> tuple[Any, ...]:
 
 @register("4.3")
 def torch_distributor_setup(namespace) -> str:
-    """``make_torch_distributor(num_processes, use_gpu)`` on the workers; ``trainer_layout`` for DDP under it."""
+    """``make_torch_distributor(num_processes, use_gpu)`` on the workers; ``trainer_layout`` for DDP under it.
+
+    Args:
+        namespace: the notebook's ``globals()``, holding ``make_torch_distributor``, ``trainer_layout`` and
+            ``WORKERS`` (default 2); nothing is launched, and ``use_gpu=True`` is accepted on any cluster here.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``make_torch_distributor`` or ``trainer_layout`` is not defined, or is a stub.
+        CheckFailed: ``WORKERS`` is not a whole number; a result is not a ``TorchDistributor`` with the
+            ``num_processes`` and ``use_gpu`` asked for and ``local_mode=False``; ``trainer_layout`` does not
+            return exactly ``devices`` and ``num_nodes`` for the mode.
+        Delegated: the answer calls ``helpers.distributor.ddp_layout`` or ``make_distributor``.
+        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
+    """
     from pyspark.ml.torch.distributor import Distributor, TorchDistributor
 
     make_torch_distributor, trainer_layout = require(namespace, "make_torch_distributor", "trainer_layout")
@@ -179,7 +210,23 @@ def _check_runs(uri: str, launchers: list[str], seed: int) -> Iterator[tuple[dic
 @register("4.4")
 def launcher_comparison(namespace) -> str:
     """``launcher_table(run_ids)``: one row per launcher (the index) with the last ``wall_time_s``, ``val_loss`` and
-    ``val_acc`` of each run, read from MLflow; checked on runs the check writes, under other launcher names."""
+    ``val_acc`` of each run, read from MLflow; checked on runs the check writes, under other launcher names.
+
+    Args:
+        namespace: the notebook's ``globals()``, holding ``launcher_table``, and ``MLFLOW_TRACKING_URI`` if the
+            notebook set it; the check's runs go to the experiment ``lesson-4-check`` and are deleted afterwards.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``launcher_table`` is not defined, or is a stub.
+        CheckFailed: the table's index is not the launchers; a column of ``TABLE_COLUMNS`` is missing; a value
+            is not its run's last value of the metric.
+        Delegated: the answer calls ``helpers.analysis.runs_table`` or ``helpers.tracking.metric_history``.
+        Exception: any other error from the answer or from using what it returned, unchanged (``check`` shows
+            it as a failure).
+    """
     from helpers.analysis import runs_table
     from helpers.tracking import metric_history, tracking_uri
 
@@ -363,7 +410,21 @@ def _simulated(answer, args: tuple, rank: int, world_size: int, local_mode: bool
 
 def run_recorded(answer, record_dir: str, *args: Any, **kwargs: Any) -> Any:
     """What the check's TorchDistributor job runs in each process: ``answer``, with a report of its Trainers,
-    its return and its error written to ``record_dir/rank-N.json``."""
+    its return and its error written to ``record_dir/rank-N.json``.
+
+    Args:
+        answer: the learner's ``ddp_train``.
+        record_dir: the folder for the reports, one ``rank-N.json`` per process.
+        args: positional arguments for ``answer``.
+        kwargs: keyword arguments for ``answer``.
+
+    Returns:
+        What ``answer`` returned.
+
+    Raises:
+        Exception: whatever ``answer`` raises (:class:`~helpers.course.checks.Delegated` when it calls one of
+            the course's training helpers), after the report is written.
+    """
     rank = int(os.environ.get("RANK", "0"))
     report: dict[str, Any] = {"rank": rank, "fits": [], "returned": False, "error": None, "delegated": False}
     try:
@@ -427,6 +488,26 @@ def ddp_training_function(namespace) -> str:
     Called here under a simulated ``torchrun`` environment (other world sizes, both modes, stopped at ``fit``),
     then run for real on the notebook's workers for one epoch; the Trainer's layout, strategy, accelerator and
     shard are recorded in each process, and rank 0 must return something.
+
+    Args:
+        namespace: the notebook's ``globals()``, holding ``ddp_train``, ``train_converter``, ``val_converter``,
+            ``class_names``, ``settings`` and ``spark``, and ``WORKERS`` (default 2) and ``USE_GPU`` (default
+            False) for the real job.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: one of those names is not defined, or ``ddp_train`` is a stub.
+        CheckFailed: ``WORKERS`` is not a whole number; a simulated or real rank never fits a Trainer, or fits
+            one with the wrong ``devices``/``num_nodes``, a strategy other than DDP, another shard, or the wrong
+            accelerator; the job on the workers failed (the hint gives a failed rank's error); rank 0 returned
+            None.
+        Delegated: the answer calls one of the course's training helpers (``helpers.worker``'s
+            ``train_process``, ``launch_training``, ``train_hvd``, ``train_with_distributor``;
+            ``helpers.distributor``'s ``run_with_distributor``, ``ddp_layout``, ``make_distributor``).
+        Exception: any other error raised in this process (by the answer in a simulated rank, or by
+            ``settings.replace``), unchanged (``check`` shows it as a failure).
     """
     ddp_train, train_converter, val_converter, class_names, settings = require(
         namespace, "ddp_train", "train_converter", "val_converter", "class_names", "settings"
@@ -533,7 +614,22 @@ def _resume_helpers() -> tuple[Any, ...]:
 @register("4.6")
 def resume_after_lost_worker(namespace) -> str:
     """``resume_training(trainer, model, datamodule, checkpoint_dir)`` continues from the readable checkpoint with
-    the most progress, checked on folders the check writes (more than 10 epochs, a torn newest file, none)."""
+    the most progress, checked on folders the check writes (more than 10 epochs, a torn newest file, none).
+
+    Args:
+        namespace: the notebook's ``globals()``, holding ``resume_training``; it is given a tiny CPU Trainer,
+            model and datamodule, and each checkpoint folder in turn.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``resume_training`` is not defined, or is a stub.
+        CheckFailed: in one of the folders training did not run from the epoch after the newest readable
+            checkpoint (from epoch 0 without one) up to the Trainer's ``max_epochs``.
+        Delegated: the answer calls ``helpers.distributor._last_checkpoint``.
+        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
+    """
     import logging
 
     resume_training = require(namespace, "resume_training")
@@ -583,7 +679,21 @@ def _slots(executors: int, cores: int, task_cpus: int, gpus: int, task_gpus: flo
 @register("4.7")
 def cluster_task_slots(namespace) -> str:
     """(stretch) ``max_processes(executors, cores, task_cpus, gpus, task_gpus)``: how many training processes a
-    barrier job can start at once, on clusters the check generates."""
+    barrier job can start at once, on clusters the check generates.
+
+    Args:
+        namespace: the notebook's ``globals()``, holding ``max_processes``.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``max_processes`` is not defined, or is a stub.
+        CheckFailed: a result is not a whole number, or not the executors times the tasks each can run (by
+            cores, and by GPUs when tasks ask for them).
+        Delegated: the answer calls ``helpers.spark.task_slots``.
+        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
+    """
     from helpers.spark import task_slots
 
     max_processes = require(namespace, "max_processes")

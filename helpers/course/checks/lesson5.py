@@ -77,6 +77,21 @@ def query_the_runs(namespace) -> str:
 
     The check adds two decoy runs to the experiment (one of another sweep, one FAILED run of this sweep), queries,
     and deletes the decoys again.
+
+    Args:
+        namespace: the notebook's ``globals()``, holding ``query_runs``, ``EXPERIMENT`` and ``SWEEP``, and
+            ``MLFLOW_TRACKING_URI`` if the notebook set it; the experiment must hold finished runs of the sweep.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: one of the three names is not defined, ``query_runs`` is a stub, or it returns None.
+        CheckFailed: the sweep has no finished runs yet; a result is not a DataFrame with a ``run_id`` column;
+            a decoy came back; the runs are not the sweep's finished runs; ``query_runs`` for another sweep does
+            not return just that sweep's run.
+        Delegated: the answer calls ``helpers.analysis.runs_table``.
+        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
     """
     import mlflow
     from mlflow.tracking import MlflowClient
@@ -139,7 +154,16 @@ def query_the_runs(namespace) -> str:
 
 def speedup_cases(seed: int = 52, count: int = 6) -> list[pd.DataFrame]:
     """Made-up run tables: 1 device plus 1-4 other counts, rows shuffled, a non-default index, times from
-    sub-linear to super-linear, extra columns."""
+    sub-linear to super-linear, extra columns.
+
+    Args:
+        seed: the seed of the generator; the same seed gives the same tables.
+        count: how many tables.
+
+    Returns:
+        ``count`` DataFrames with the columns ``run_id``, ``epoch_mode`` (``"one_pass"``), ``devices`` and
+        ``wall_time_s``.
+    """
     rng = random.Random(seed)
     tables = []
     for case in range(count):
@@ -213,7 +237,24 @@ def _compare_any(got: Any, candidates: list[pd.DataFrame], where: str) -> None:
 
 @register("5.2")
 def speedup_and_efficiency(namespace) -> str:
-    """``speedup_efficiency(table)``: speedup = time(1 device) / time(n), efficiency = speedup / n, per row."""
+    """``speedup_efficiency(table)``: speedup = time(1 device) / time(n), efficiency = speedup / n, per row.
+
+    Args:
+        namespace: the notebook's ``globals()``, holding ``speedup_efficiency``, and ``table`` (the lesson's
+            runs) if it has one; the answer runs on :func:`speedup_cases` and on the table's one-pass runs.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``speedup_efficiency`` is not defined, is a stub, or returns None.
+        CheckFailed: a result is not a DataFrame with ``speedup`` and ``efficiency`` columns; it has other rows
+            than the table; a run's speedup or efficiency is wrong (with repeated 1-device runs, any one of
+            their times, or their mean, is a right baseline).
+        Delegated: the answer calls ``helpers.analysis.speedup_table``.
+        Exception: any other error from the answer or from using what it returned, unchanged (``check`` shows
+            it as a failure).
+    """
     from helpers.analysis import ONE_PASS, speedup_table
 
     speedup_efficiency = require(namespace, "speedup_efficiency")
@@ -242,7 +283,22 @@ def _replay(losses, delta, patience, threshold, max_epochs) -> tuple[str, int]:
 
 def acceptable_reasons(losses, delta, patience, threshold, max_epochs) -> set[str]:
     """Every reason Lightning's rules give when ``min_delta`` and the threshold move by a rounding error: more
-    than one when a loss sits on a boundary, where either side is right."""
+    than one when a loss sits on a boundary, where either side is right.
+
+    Args:
+        losses: the run's ``val_loss`` after each epoch.
+        delta: EarlyStopping's ``min_delta``.
+        patience: EarlyStopping's ``patience``.
+        threshold: EarlyStopping's ``stopping_threshold``, or None.
+        max_epochs: the run's epoch limit.
+
+    Returns:
+        The reasons :func:`helpers.analysis.stop_reason` gives with ``min_delta`` and the threshold each moved
+        by -1e-6, 0 and +1e-6 (the threshold only when there is one).
+
+    Raises:
+        CourseInputError: ``patience`` is not a whole number of at least 0.
+    """
     thresholds = [None] if threshold is None else [threshold - _EPS, threshold, threshold + _EPS]
     return {_replay(losses, delta + d, patience, t, max_epochs)[0] for d in (-_EPS, 0.0, _EPS) for t in thresholds}
 
@@ -328,7 +384,16 @@ _STOP_CASES = [
 
 
 def stop_cases(seed: int = 53, count: int = 40) -> list[tuple[list[float], float, int, float | None, int, str]]:
-    """Made-up histories, each cut where Lightning would have stopped it, with no loss near a rule's boundary."""
+    """Made-up histories, each cut where Lightning would have stopped it, with no loss near a rule's boundary.
+
+    Args:
+        seed: the seed of the generator; the same seed gives the same cases.
+        count: how many cases.
+
+    Returns:
+        ``count`` tuples ``(val_losses, min_delta, patience, stopping_threshold, max_epochs, reason)``, where
+        ``reason`` is the only one :func:`acceptable_reasons` gives.
+    """
     rng = random.Random(seed)
     cases = []
     while len(cases) < count:
@@ -356,7 +421,22 @@ def _why(losses, delta, patience, threshold, max_epochs, reason) -> str:
 
 @register("5.3")
 def why_runs_stopped(namespace) -> str:
-    """``why_stopped(val_losses, min_delta, patience, stopping_threshold, max_epochs)``: Lightning's rules."""
+    """``why_stopped(val_losses, min_delta, patience, stopping_threshold, max_epochs)``: Lightning's rules.
+
+    Args:
+        namespace: the notebook's ``globals()``, holding ``why_stopped``, and ``table`` (the lesson's runs) if
+            it has one; the answer runs on fixed cases, :func:`stop_cases`, and the table's runs (their
+            ``val_loss`` histories read from MLflow), which accept the reason Lightning logged too.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``why_stopped`` is not defined, is a stub, or returns None.
+        CheckFailed: a result is not one of the reasons accepted for its case.
+        Delegated: the answer calls ``helpers.analysis.stop_reason`` or ``stop_reasons``.
+        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
+    """
     from helpers.analysis import stop_reason, stop_reasons, val_loss_histories
 
     why_stopped = require(namespace, "why_stopped")
@@ -400,7 +480,15 @@ def why_runs_stopped(namespace) -> str:
 
 
 def epoch_cases(seed: int = 54, count: int = 12) -> list[tuple[int, int, int]]:
-    """(rows, batch_size, devices): the lesson's sizes and generated ones, some not divisible."""
+    """(rows, batch_size, devices): the lesson's sizes and generated ones, some not divisible.
+
+    Args:
+        seed: the seed of the generator; the same seed gives the same cases.
+        count: how many generated cases.
+
+    Returns:
+        The lesson's 3 cases, then ``count`` generated ones.
+    """
     rng = random.Random(seed)
     cases = [(1438, 32, 1), (1438, 32, 2), (2936, 64, 8)]
     cases += [(rng.randint(50, 6000), rng.choice([8, 16, 32, 64, 128]), rng.randint(1, 16)) for _ in range(count)]
@@ -409,7 +497,21 @@ def epoch_cases(seed: int = 54, count: int = 12) -> list[tuple[int, int, int]]:
 
 @register("5.4")
 def rows_read_per_epoch(namespace) -> str:
-    """``rows_per_epoch(rows, batch_size, devices, epoch_mode)``: training rows all devices read in one epoch."""
+    """``rows_per_epoch(rows, batch_size, devices, epoch_mode)``: training rows all devices read in one epoch.
+
+    Args:
+        namespace: the notebook's ``globals()``, holding ``rows_per_epoch``; it runs on :func:`epoch_cases` in
+            both modes, ``"one_pass"`` and ``"fixed_steps"``.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``rows_per_epoch`` is not defined, is a stub, or returns None.
+        CheckFailed: a result is not a whole number, or not the rows read in that mode.
+        Delegated: the answer calls ``helpers.loaders.steps_per_epoch``.
+        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
+    """
     from helpers.loaders import steps_per_epoch
 
     rows_per_epoch = require(namespace, "rows_per_epoch")
@@ -442,7 +544,17 @@ def rows_read_per_epoch(namespace) -> str:
 
 def plan_cases(seed: int = 55, count: int = 10) -> list[tuple[int, dict[str, Any]]]:
     """(max_devices, base_settings): device limits that are and are not powers of two, data sets small enough
-    that the largest counts get no full batch, other settings and extra keys that must pass through unchanged."""
+    that the largest counts get no full batch, other settings and extra keys that must pass through unchanged.
+
+    Args:
+        seed: the seed of the generator; the same seed gives the same cases.
+        count: how many cases.
+
+    Returns:
+        ``count`` tuples ``(max_devices, base_settings)``; ``base_settings`` holds ``batch_size``,
+        ``learning_rate``, ``train_rows``, ``seed``, ``max_epochs``, the early-stopping settings and sometimes
+        ``image_size``.
+    """
     rng = random.Random(seed)
     cases = []
     for _ in range(count):
@@ -532,7 +644,25 @@ def _check_run(run: Mapping[str, Any], expected: Mapping[str, Any], where: str) 
 
 @register("5.5")
 def sweep_is_like_for_like(namespace) -> str:
-    """``sweep_plan(max_devices, base_settings)``: the runs of the sweep, compared with ``plan_sweep``."""
+    """``sweep_plan(max_devices, base_settings)``: the runs of the sweep, compared with ``plan_sweep``.
+
+    Args:
+        namespace: the notebook's ``globals()``, holding ``sweep_plan``, and ``DEVICE_COUNTS`` and
+            ``base_settings`` if it has them; the answer runs on :func:`plan_cases` and on the lesson's sweep.
+
+    Returns:
+        The success message ``check`` shows (with the lesson's device counts when it has them).
+
+    Raises:
+        NotAttempted: ``sweep_plan`` is not defined, is a stub, or returns None.
+        CheckFailed: a plan is not a list or tuple of mappings that each hold a whole-number ``devices``; it changed
+            ``base_settings``; its device counts are not ``plan_sweep``'s; a run's ``batch_size``,
+            ``global_batch_size``, ``steps_per_epoch``, ``learning_rate`` or other setting differs from
+            ``plan_sweep``'s.
+        Delegated: the answer calls ``helpers.analysis.plan_sweep`` or ``helpers.loaders.steps_per_epoch``.
+        Exception: any other error from the answer or from using what it returned, unchanged (``check`` shows
+            it as a failure).
+    """
     from helpers.analysis import plan_sweep
     from helpers.loaders import steps_per_epoch
 
@@ -573,12 +703,31 @@ def sweep_is_like_for_like(namespace) -> str:
 
 
 def karp_flatt(speedup: float, devices: int) -> float:
-    """The experimentally determined serial fraction ``(1/S - 1/n) / (1 - 1/n)`` (Karp and Flatt, 1990)."""
+    """The experimentally determined serial fraction ``(1/S - 1/n) / (1 - 1/n)`` (Karp and Flatt, 1990).
+
+    Args:
+        speedup: the measured speedup ``S`` on ``devices``.
+        devices: the device count ``n``.
+
+    Returns:
+        The serial fraction: 0 at linear speedup, negative above it.
+
+    Raises:
+        ZeroDivisionError: ``speedup`` is 0 or ``devices`` is 1 (as Python numbers).
+    """
     return (1 / speedup - 1 / devices) / (1 - 1 / devices)
 
 
 def serial_cases(seed: int = 56, count: int = 12) -> list[tuple[float, int]]:
-    """(speedup, devices) with devices >= 2: sub-linear, linear, super-linear and slower-than-one-device points."""
+    """(speedup, devices) with devices >= 2: sub-linear, linear, super-linear and slower-than-one-device points.
+
+    Args:
+        seed: the seed of the generator; the same seed gives the same cases.
+        count: how many generated cases.
+
+    Returns:
+        4 fixed cases, ``count`` generated ones, then the first 3 again as numpy scalars.
+    """
     import numpy as np
 
     rng = random.Random(seed)
@@ -591,7 +740,22 @@ def serial_cases(seed: int = 56, count: int = 12) -> list[tuple[float, int]]:
 
 @register("5.6")
 def serial_fraction_measured(namespace) -> str:
-    """``serial_fraction(speedup, devices)``: the Karp-Flatt metric, on generated points and the lesson's runs."""
+    """``serial_fraction(speedup, devices)``: the Karp-Flatt metric, on generated points and the lesson's runs.
+
+    Args:
+        namespace: the notebook's ``globals()``, holding ``serial_fraction``, and ``right`` (a table of the
+            lesson's runs with ``speedup`` and ``devices``) if it has one; the answer runs on
+            :func:`serial_cases`.
+
+    Returns:
+        The success message ``check`` shows; with ``right``, it gives the serial fraction of each multi-device
+        run of the lesson (computed here).
+
+    Raises:
+        NotAttempted: ``serial_fraction`` is not defined, is a stub, or returns None.
+        CheckFailed: a result is not the Karp-Flatt fraction.
+        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
+    """
     serial_fraction = require(namespace, "serial_fraction")
     require_implemented(serial_fraction)
     for speedup, n in serial_cases():
