@@ -2,11 +2,12 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 SETUP_DONE := .venv/.setup-done
+DEEPSPEED_OP_DONE := .venv/.deepspeed-op-done
 GPU ?= 0
 
 .PHONY: setup course lint test test-fast lessons lab mlflow clean bench browser
 
-setup: $(SETUP_DONE)
+setup: $(SETUP_DONE) $(DEEPSPEED_OP_DONE)
 
 # Re-runs only when the pins, the package metadata or the Horovod build script change: seconds otherwise.
 $(SETUP_DONE): requirements.txt pyproject.toml scripts/install_horovod.sh
@@ -17,6 +18,12 @@ $(SETUP_DONE): requirements.txt pyproject.toml scripts/install_horovod.sh
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	GPU=$(GPU) PYTHON=$(PY) scripts/install_horovod.sh
 	$(PY) -m ipykernel install --sys-prefix --name scaling-dl-spark --display-name "Scaling DL on Spark" >/dev/null
+	touch $@
+
+# DeepSpeed's CPU communication op, built once (about a minute) where helpers.deepspeed_train.ops_build_dir() says,
+# instead of in lesson 6's first job.
+$(DEEPSPEED_OP_DONE): $(SETUP_DONE) helpers/deepspeed_train.py
+	$(PY) -m helpers.deepspeed_train --build-ops
 	touch $@
 
 # Executes every solution notebook on the embedded data into build/ (the environment check first).
@@ -32,14 +39,15 @@ lint: setup
 browser:
 	scripts/install_browser.sh
 
+# Two pytest-xdist workers (tests/conftest.py keeps each module's tests on one worker); the slowest tests listed last.
 test: lint browser
 	$(PY) -m helpers.course build --check
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25
 
 # The inner loop (< 3 min on 2 cores): everything not marked slow (no notebook runs, no multi-process trainings).
 test-fast: lint
 	$(PY) -m helpers.course build --check
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow"
 
 lessons: setup
 	$(PY) -m helpers.course build
@@ -48,7 +56,8 @@ lessons: setup
 lab: setup
 	PYTHON=$(PY) scripts/lab.sh
 
-# Benchmarks (not tests): loading, Lightning overhead, Horovod scaling, course timings -> benchmarks/results.md.
+# Benchmarks (not tests): loading (32 and 224 px), Lightning overhead, Horovod scaling, course timings, grading a
+# class, and Ray Train vs TorchDistributor vs Horovod -> benchmarks/results.md.
 bench: setup
 	$(PY) -m benchmarks
 
@@ -61,8 +70,9 @@ clean:
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # GPU smoke check (any machine with one NVIDIA GPU, < 5 min): lesson 2's model with train(accelerator="gpu"), a
-# HorovodRunner(np=-1) run with HorovodStrategy on the GPU, and mixed precision; prints images/s. Skipped without a
-# GPU. Build Horovod with NCCL first: make setup GPU=1.
+# HorovodRunner(np=-1) run with HorovodStrategy on the GPU, mixed precision, and lesson 6's DeepSpeed distributor
+# (ZeRO stage 2, mixed precision); prints images/s. Skipped without a GPU. Build Horovod with NCCL first:
+# make setup GPU=1.
 .PHONY: gpu-smoke
 gpu-smoke: setup
 	$(PY) -m pytest -m gpu -s -q -p no:cacheprovider tests/test_gpu_smoke.py

@@ -1,9 +1,14 @@
 """``python -m benchmarks`` (``make bench``): run every benchmark, write ``results.md`` and ``results.json``.
 
-Options: ``--repeats N`` (at least 5), ``--quick`` (tiny sizes: checks that everything runs, measures nothing
-useful; writes to ``benchmarks/out/`` instead), ``--only loading,lightning,horovod,course``,
+Parts: 1 ``loading`` (the Petastorm loaders at 32 and 224 px), 2 ``lightning``, 3 ``horovod``, 4 ``course``,
+5 ``grading``, 6 ``launchers`` (Ray Train, TorchDistributor and Horovod on a 2-worker local cluster).
+
+Options: ``--repeats N`` (at least 5), ``--quick`` (tiny sizes, and one repetition of part 6: checks that everything
+runs, measures nothing useful; writes to ``benchmarks/out/`` instead),
+``--only loading,lightning,horovod,course,grading,launchers`` (default all),
 ``--notebooks all|none|NAME,NAME`` (part 4: the solution notebooks to execute once each; default all),
 ``--class-size N`` (part 5: how many lesson-1 submissions are graded, sequentially and with ``--jobs 2``; default 20).
+A run with ``--only`` writes a report of those parts alone: merge it into ``results.md`` by hand.
 """
 
 from __future__ import annotations
@@ -17,11 +22,16 @@ import warnings
 from benchmarks.common import BENCH_DIR, MIN_REPEATS, Comparison, Measurement, machine_info, write_report
 
 REPO = BENCH_DIR.parent
-PARTS = ("loading", "lightning", "horovod", "course", "grading")
+PARTS = ("loading", "lightning", "horovod", "course", "grading", "launchers")
 
 
 def log(message: str) -> None:
     print(message, flush=True)
+
+
+def part(title: str) -> None:
+    """Log a part's title with the machine's load average when it starts."""
+    log(f"{title} (load average {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,22 +67,20 @@ def main(argv: list[str] | None = None) -> int:
     q = args.quick
 
     if "loading" in parts:
-        from benchmarks.loading import LoadingBench
+        from benchmarks.loading import run_loading
 
-        log("== 1. data loading")
-        bench = LoadingBench(batches=10 if q else 150, warmup=2 if q else 10)
-        results += bench.run(args.repeats, log=log)
-        features, labels = bench.features, bench.labels
-        bench.close()
+        part("== 1. data loading")
+        loading, features, labels = run_loading(args.repeats, q, log=log)
+        results += loading
     if "lightning" in parts:
         from benchmarks.lightning_overhead import LightningOverheadBench
 
-        log("== 2. Lightning overhead")
+        part("== 2. Lightning overhead")
         results += LightningOverheadBench(features, labels, epochs=1 if q else 8).run(args.repeats, log=log)
     if "horovod" in parts:
         from benchmarks.horovod_scaling import HorovodScalingBench
 
-        log("== 3. Horovod scaling")
+        part("== 3. Horovod scaling")
         bench = HorovodScalingBench(warmup=2 if q else 5, steps=4 if q else 40, large_batch=0 if q else 256)
         results += bench.run(args.repeats, log=log)
     missing = []
@@ -80,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.course_timing import CourseBench
         from helpers.course.build import solution_notebooks
 
-        log("== 4. the course")
+        part("== 4. the course")
         available = [path.name for path in solution_notebooks()]
         if args.notebooks == "all":
             notebooks = available
@@ -100,9 +108,20 @@ def main(argv: list[str] | None = None) -> int:
     if "grading" in parts:
         from benchmarks.grading import GradingBench
 
-        log("== 5. grading a class")
+        part("== 5. grading a class")
         results += GradingBench(2 if q else args.class_size, BENCH_DIR / "out").run(log=log)
+    if "launchers" in parts:
+        from benchmarks.launchers import LaunchersBench
+
+        part("== 6. launchers")
+        bench = LaunchersBench(epochs=1 if q else 3, image_size=16 if q else 32, work=BENCH_DIR / "out", quick=q)
+        try:
+            results += bench.run(args.repeats, log=log)
+        finally:
+            bench.close()
+        missing += bench.missing
     total = time.perf_counter() - started
+    machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     md, js = write_report(machine, results, total, missing, out_dir)
     log("")
     for r in results:

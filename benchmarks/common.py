@@ -108,14 +108,16 @@ def alternate(
     repeats: int = MIN_REPEATS,
     warmup: bool = True,
     log: Callable[[str], None] = print,
+    minimum: int = MIN_REPEATS,
 ) -> dict[str, list[float]]:
     """Call every variant ``repeats`` times, in turn (A, B, C, A, B, C, ...); return each one's measurements.
 
     Each callable returns its own measurement (seconds, or a rate), or several measurements of one call as a
     dict, recorded as ``"<variant>@<key>"``. ``warmup`` first calls each once, unrecorded (imports, caches, JIT).
-    ``repeats`` below ``MIN_REPEATS`` is raised to it.
+    ``repeats`` below ``minimum`` (``MIN_REPEATS``; lower it only for ``--quick``, which measures nothing) is
+    raised to it.
     """
-    repeats = max(repeats, MIN_REPEATS)
+    repeats = max(repeats, minimum)
     if warmup:
         for fn in variants.values():
             fn()
@@ -262,7 +264,9 @@ def write_report(
         "# Benchmark results (`make bench`)",
         "",
         f"Measured {machine['when_utc']} UTC on {machine['cores']} cores ({machine['cpu_model']}), "
-        f"{machine['memory_gb']} GB, load average at start {machine['load_average_at_start']}; "
+        f"{machine['memory_gb']} GB, load average at start {machine['load_average_at_start']}"
+        + (f", at end {machine['load_average_at_end']}" if "load_average_at_end" in machine else "")
+        + "; "
         f"Python {v['python']}, torch {v['torch']}, Lightning {v['pytorch_lightning']}, horovod {v['horovod']}, "
         f"pyspark {v['pyspark']}, petastorm {v['petastorm']}. Whole run: {total_s:.0f} s.",
         "",

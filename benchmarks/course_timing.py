@@ -20,23 +20,10 @@ import psutil
 from benchmarks.common import MIN_REPEATS, Measurement
 from helpers.course.build import SOLUTIONS_DIR
 from helpers.course.run import papermill_command
-from helpers.processes import process_tree
+from helpers.processes import tree_memory
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_EVERY_S = 0.1
-
-
-def _tree_rss(root: psutil.Process) -> tuple[int, int]:
-    """(sum, largest) resident bytes over ``root`` and its descendants; processes that vanish are skipped."""
-    total = largest = 0
-    for process in process_tree(root.pid):
-        try:
-            rss = process.memory_info().rss
-        except psutil.Error:
-            continue
-        total += rss
-        largest = max(largest, rss)
-    return total, largest
 
 
 def run_sampled(command: list[str], cwd: Path = REPO, timeout: float = 600) -> dict[str, float]:
@@ -52,7 +39,7 @@ def run_sampled(command: list[str], cwd: Path = REPO, timeout: float = 600) -> d
 
     def sample() -> None:
         while not done.is_set():
-            total, largest = _tree_rss(root)
+            total, largest = tree_memory(root.pid)
             peaks[0], peaks[1] = max(peaks[0], total), max(peaks[1], largest)
             done.wait(SAMPLE_EVERY_S)
 

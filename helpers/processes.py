@@ -1,4 +1,4 @@
-"""Process trees: a process with all its descendants, signalled and reaped together.
+"""Process trees: a process with all its descendants, signalled and reaped together, and their memory.
 
 The course starts processes that start their own (Spark's JVMs and Python daemons, Jupyter kernels, training
 workers); stopping one means stopping its whole tree, and waiting until it is gone.
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import psutil
 
-__all__ = ["kill_tree", "process_tree", "signal_all", "stop_processes"]
+__all__ = ["kill_tree", "process_tree", "signal_all", "stop_processes", "tree_memory"]
 
 
 def process_tree(pid: int) -> list[psutil.Process]:
@@ -28,6 +28,27 @@ def process_tree(pid: int) -> list[psutil.Process]:
         return [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
+
+
+def tree_memory(pid: int) -> tuple[int, int]:
+    """The resident memory of the process ``pid`` and all its descendants (Spark's JVMs, training workers, ...).
+
+    Args:
+        pid: the root's process id.
+
+    Returns:
+        ``(total, largest)``: the sum over the tree and the largest single process, in bytes; processes that exit
+        while they are read count as 0 (and a gone root gives ``(0, 0)``).
+    """
+    total = largest = 0
+    for process in process_tree(pid):
+        try:
+            rss = process.memory_info().rss
+        except psutil.Error:
+            continue
+        total += rss
+        largest = max(largest, rss)
+    return total, largest
 
 
 def signal_all(processes: Iterable[psutil.Process], sig: int) -> None:

@@ -1,7 +1,8 @@
-"""The training worker of lessons 4 and 5, and the calls that start it with either launcher.
+"""The training worker of lessons 4 and 5, and the calls that start it with either launcher (or with Ray Train).
 
-:func:`train_process` is the one body every training process runs, under Horovod (``HorovodStrategy``) or under
-TorchDistributor (Lightning's DDP): its shard of the data, the lesson 2 model and ``helpers.training.train``.
+:func:`train_process` is the one body every training process runs, under Horovod (``HorovodStrategy``), under
+TorchDistributor (Lightning's DDP) or in a Ray Train worker (Lightning's DDP in the process group Ray set up,
+:func:`train_with_ray`): its shard of the data, the lesson 2 model and ``helpers.training.train``.
 :class:`TrainSettings` holds everything a run needs besides the data, the same for both launchers; the learning
 rate is per process and both launchers multiply it by the world size. :func:`launch_training` starts a run with
 ``launcher="horovod"`` (``HorovodRunner``) or ``"torch_distributor"`` (:func:`train_with_distributor`), on this
@@ -22,6 +23,7 @@ from helpers.datamodule import ONE_PASS, datamodule_for
 from helpers.devices import horovod_installed, precision_for
 from helpers.distributor import ddp_layout, make_distributor, process_group_backend, run_with_distributor
 from helpers.jobs import stall_timeout_s
+from helpers.ray_launcher import run_with_ray
 from helpers.tracking import run_name as new_run_name
 from helpers.training import TrainResult
 from helpers.validation import check_flag, one_of, whole_number
@@ -35,10 +37,12 @@ __all__ = [
     "train_hvd",
     "train_process",
     "train_with_distributor",
+    "train_with_ray",
 ]
 
 LAUNCHERS = ("horovod", "torch_distributor")
 AUTO = "auto"  # Horovod where it is installed, TorchDistributor elsewhere (Databricks Runtime 16+ ML)
+RAY = "ray"  # Ray Train on a Ray cluster on Spark (helpers.ray_on_spark): not one of the lessons' LAUNCHERS
 
 
 def choose_launcher(launcher: str) -> str:
@@ -152,6 +156,11 @@ def _rank_and_strategy(launcher: str, model, settings: TrainSettings, num_proces
 
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     model.learning_rate = settings.learning_rate * world_size  # like Horovod: the global batch grew
+    if launcher == RAY:  # Ray Train made the process group; its environment gives Lightning the ranks
+        from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment
+
+        strategy = RayDDPStrategy(cluster_environment=RayLightningEnvironment())
+        return rank, world_size, {"strategy": strategy, **ddp_layout(world_size, local_mode=False)}
     # a collective that waits longer than the stall bound raises in the waiting rank (a stall, not a hang)
     timeout = timedelta(seconds=stall_timeout_s())
     strategy = DDPStrategy(process_group_backend=process_group_backend(settings.use_gpu), timeout=timeout)
@@ -171,7 +180,8 @@ def train_process(
     launcher's strategy, accelerator and precision.
 
     Args:
-        launcher: ``"horovod"`` (call it inside a ``HorovodRunner`` job) or ``"torch_distributor"``.
+        launcher: ``"horovod"`` (call it inside a ``HorovodRunner`` job), ``"torch_distributor"`` or ``"ray"``
+            (in a Ray Train worker, see :func:`train_with_ray`).
         train_converter, val_converter: the Petastorm converters of lesson 1.
         class_count: the number of classes.
         settings: the run's settings (made on the driver).
@@ -188,7 +198,7 @@ def train_process(
     from helpers.model import LitClassificationModel
     from helpers.training import train
 
-    one_of("launcher", launcher, LAUNCHERS)
+    one_of("launcher", launcher, (*LAUNCHERS, RAY))
     os.environ[ENV_VAR] = settings.work_dir
     pl.seed_everything(settings.seed, verbose=False)
     model = LitClassificationModel(
@@ -283,6 +293,44 @@ def train_with_distributor(
         settings=settings,
         num_processes=num_processes,
         local_mode=local_mode,
+    )
+
+
+def train_with_ray(
+    train_converter,
+    val_converter,
+    class_count: int,
+    settings: TrainSettings | None = None,
+    *,
+    num_workers: int = 2,
+) -> TrainResult:
+    """Train the lesson 2 model with Lightning DDP in ``num_workers`` Ray Train workers, on the Ray cluster this
+    process is connected to (``with ray_cluster(spark):``, :mod:`helpers.ray_on_spark`).
+
+    Args:
+        train_converter, val_converter, class_count: the data, as for :func:`train_process`.
+        settings: the run's settings (default: ``TrainSettings()``); MLflow records ``launcher="ray"``.
+        num_workers: how many training processes (one Ray Train worker each).
+
+    Returns:
+        Rank 0's ``TrainResult``.
+
+    Raises:
+        CourseInputError: no Ray cluster, or too few CPUs (GPUs) in it for ``num_workers``.
+        RayJobError: training failed; it names the rank that failed first and its error.
+    """
+    whole_number("num_workers", num_workers)
+    settings = (settings or TrainSettings()).resolved(RAY, num_workers)
+    return run_with_ray(
+        train_process,
+        num_workers,
+        use_gpu=settings.use_gpu,
+        launcher=RAY,
+        train_converter=train_converter,
+        val_converter=val_converter,
+        class_count=class_count,
+        settings=settings,
+        num_processes=num_workers,
     )
 
 

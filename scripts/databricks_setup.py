@@ -38,7 +38,7 @@ DEV_ONLY = (
     "playwright",
     "ruff",
 )
-_PIN = re.compile(r"^([A-Za-z0-9_.\-]+)==(\S+)$")
+_PIN = re.compile(r"^([A-Za-z0-9_.\-]+)(\[[A-Za-z0-9_,\-]+\])?==(\S+)$")  # name, [extras], version
 
 
 def _installed(name: str) -> str | None:
@@ -67,7 +67,7 @@ def plan(requirements: Path, installed=_installed) -> tuple[list[str], list[str]
             continue
         name = match.group(1)
         have = installed(name)
-        if have is not None:
+        if have is not None:  # kept as it is, extras and all (ray[default,train]: the runtime's Ray)
             constraints.append(f"{name}=={have}")
         else:
             to_install.append(line.strip())

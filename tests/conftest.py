@@ -67,6 +67,49 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+# `make test` runs the suite on 2 pytest-xdist workers (`-n 2 --dist loadgroup`): while one waits on a JVM, a process
+# start or a timeout, the other computes. A module's tests stay on one worker, so its module fixtures (trainings,
+# MLflow stores, a cluster) are built once; the modules of independent notebook runs spread over both. The costly
+# groups go first, so that no worker is left with one long group at the end.
+SPREAD = ("test_notebooks.py", "test_without_horovod.py")
+COSTLY_FIRST = (
+    "test_notebooks.py",
+    "test_without_horovod.py",
+    "cluster_session",
+    "ray_session",
+    "test_analysis.py",
+    "test_answers_lesson3.py",
+    "test_answers_lesson4.py",
+    "test_answers_lesson5.py",
+    "test_grade.py",
+    "test_browser.py",
+)
+
+
+SESSIONS = ("cluster_session", "ray_session")  # session fixtures whose tests span modules
+
+
+def xdist_group(item: pytest.Item) -> str:
+    """The worker group of a test: the session it judges (a cluster, a Ray cluster), its module, or its own (a
+    notebook run)."""
+    fixtures = getattr(item, "fixturenames", ())
+    session = next((name for name in SESSIONS if name in fixtures), None)
+    if session:
+        return session
+    return item.nodeid if item.path.name in SPREAD else item.path.name
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the node ids it schedules by
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def cost_rank(item: pytest.Item) -> int:
+        names = (xdist_group(item), item.path.name)
+        return next((i for i, name in enumerate(COSTLY_FIRST) if name in names), len(COSTLY_FIRST))
+
+    items.sort(key=cost_rank)  # stable: each module keeps its own order
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+
+
 @pytest.fixture(scope="session")
 def session_work_dir() -> Path:
     """The work directory shared by the whole test run."""
@@ -133,3 +176,17 @@ def cluster_session(tmp_path_factory) -> tuple[dict, str, Path]:
         "cluster_session", work, 2 * start_timeout + training_timeout, data, start_timeout, training_timeout
     )
     return report, stdout, work
+
+
+@pytest.fixture(scope="session")
+def ray_session(tmp_path_factory) -> dict:
+    """One Ray cluster on a 2-worker cluster, for test_ray_on_spark.py and lesson 6's 6.2 answers (a cluster and a
+    Ray start are the slow part): tests/scripts/ray_session.py run to its end; its report."""
+    import json
+
+    from tests.processes import run_driver
+
+    work = tmp_path_factory.mktemp("ray-session")
+    report, _ = run_driver("ray_session", work, 900)  # generous: Ray starts in 50-180 s on 2 busy cores
+    print(f"\nRay on Spark session: {json.dumps(report['timings_s'])}, peak {report['peak_rss_mb']} MB")
+    return report

@@ -68,3 +68,24 @@ def run_driver(script: str, work: Path, timeout: float, *args: object) -> tuple[
         f"the driver script printed no report (exit {process.returncode}):\n{stdout[-2000:]}\n{driver_errors(work)}"
     )
     return json.loads(lines[-1][len("REPORT ") :]), stdout
+
+
+_VERSIONS_PROBE = """
+import importlib.metadata as m, json, sys
+
+def version(name):
+    try:
+        return m.version(name)
+    except m.PackageNotFoundError:
+        return None
+
+print(json.dumps({name: version(name) for name in sys.argv[1:]}))
+"""
+
+
+def installed_versions(names: list[str]) -> dict[str, str | None]:
+    """The installed version of each of ``names`` (None if not installed), read in a fresh interpreter, which sees
+    this venv as pip and a lesson's kernel do: in the suite's process, once a test has imported Ray, its vendored
+    psutil (``ray/thirdparty_files``, first on ``sys.path``) would be read instead."""
+    done = subprocess.run([sys.executable, "-c", _VERSIONS_PROBE, *names], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)

@@ -38,6 +38,19 @@ def test_alternate_interleaves_and_repeats_at_least_five_times():
     assert values == {"A": [3.0, 5.0, 7.0, 9.0, 11.0], "B": [4.0, 6.0, 8.0, 10.0, 12.0]}
 
 
+def test_alternate_minimum_is_lowered_only_on_request():
+    calls = []
+    values = alternate({"A": lambda: calls.append("A") or 1.0}, repeats=1, warmup=False, log=lambda _: None, minimum=1)
+    assert calls == ["A"] and values == {"A": [1.0]}  # --quick: one call, no warm-up
+
+
+def test_bench_parts_are_listed_in_the_docstring():
+    import benchmarks.__main__ as bench_main
+
+    assert bench_main.PARTS == ("loading", "lightning", "horovod", "course", "grading", "launchers")
+    assert all(f"``{part}``" in bench_main.__doc__ for part in bench_main.PARTS)  # the parts and the --only list
+
+
 def test_alternate_records_each_entry_of_a_dict_measurement():
     counter = iter(range(100))
     values = alternate(
@@ -66,3 +79,11 @@ def test_run_sampled_sees_a_child_s_memory_and_reports_failures():
     assert run["peak_process_mib"] >= 250
     with pytest.raises(RuntimeError, match="exit 3"):
         run_sampled([sys.executable, "-c", "print('about to fail'); raise SystemExit(3)"])
+
+
+def test_the_224_px_verdict_follows_the_two_ratios():
+    from benchmarks.loading import _size_verdict
+
+    assert "weigh less" in _size_verdict(0.023, 0.060)  # 1b vs 1d of the run in results.md
+    assert "about the same ratio" in _size_verdict(0.275, 0.236)  # 1a vs 1c
+    assert "fell further behind" in _size_verdict(0.3, 0.2)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from helpers.workdir import REPO_ROOT
+from tests.processes import installed_versions
 
 spec = importlib.util.spec_from_file_location("databricks_setup", REPO_ROOT / "scripts" / "databricks_setup.py")
 setup = importlib.util.module_from_spec(spec)
@@ -47,13 +48,22 @@ def test_the_command_writes_the_files_and_prints_the_pip_line(tmp_path: Path):
     assert (out / "constraints.txt").read_text().startswith("torch==")
 
 
+def test_a_pin_with_extras_is_kept_by_its_name_or_installed_with_its_extras():
+    with_ray = setup.plan(REQUIREMENTS, {**RUNTIME, "ray": "2.37.0"}.get)
+    assert "ray==2.37.0" in with_ray[0] and not [line for line in with_ray[1] if line.startswith("ray")]
+    without = setup.plan(REQUIREMENTS, RUNTIME.get)
+    assert "ray[default,train]==2.44.1" in without[1]
+
+
 def test_the_course_pins_resolve_beside_the_runtimes_versions_without_replacing_any(tmp_path: Path):
     """This venv stands in for a runtime that lacks the course's data and training libraries: pip, given the plan's
     files, resolves them beside the kept versions and plans to install or replace nothing (they are here)."""
     lacking = {"petastorm", "deltalake", "pytorch-lightning", "scikit-learn"}
+    names = [line.split("==")[0].split("[")[0] for line in REQUIREMENTS.read_text().splitlines() if "==" in line]
+    installed = installed_versions([*names, *setup.NEVER_REPLACED])  # as pip sees them (see installed_versions)
 
     def runtime(name: str) -> str | None:
-        return None if name in lacking else setup._installed(name)
+        return None if name in lacking else installed.get(name)
 
     constraints, to_install, _ = setup.plan(REQUIREMENTS, runtime)
     assert {line.split("==")[0] for line in to_install} == lacking

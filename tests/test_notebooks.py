@@ -39,7 +39,7 @@ SANITIZER = REPO_ROOT / "tests" / "nbval_sanitize.cfg"
 SOLUTIONS = solution_notebooks()
 SLACK = 4  # a notebook may take this many times its measured `ci_seconds` on a loaded CI machine before it fails
 DEFAULT_CI_SECONDS = 60
-TIME_FACTOR = 5  # the Run All time a lesson's header states (measured) and this run's may differ this much
+TIME_FACTOR = 5  # the Run All time a lesson's header states (measured) and this run's may differ this much (alone)
 
 NOTEBOOKS = [pytest.param(FIXTURE, id="fixture")] + (
     [pytest.param(path, id=path.stem) for path in SOLUTIONS]
@@ -105,7 +105,8 @@ def test_solution_runs_once_passes_every_check_and_matches_its_outputs(notebook,
     assert [record for record in records if record["status"] != PASSED] == []
     assert sorted({record["exercise"] for record in records}) == sorted(exercise_ids(notebook))
     stated = run_seconds(read_notebook(notebook))  # None for the fixture, which states no time
-    assert stated is None or stated / TIME_FACTOR <= elapsed <= stated * TIME_FACTOR, (
+    sharing = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # `make test`: 2 workers share the 2 cores
+    assert stated is None or stated / TIME_FACTOR <= elapsed <= stated * TIME_FACTOR * sharing, (
         f"ran {elapsed:.0f} s, its header says about {stated:.0f} s: measure it (make bench) into "
         "metadata.course.run_seconds, then python -m helpers.course pages"
     )

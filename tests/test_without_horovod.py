@@ -2,7 +2,8 @@
 
 Lessons 0, 4 and 5 run end to end, their ``LAUNCHER="auto"`` picking TorchDistributor; lesson 3 stops in its first
 code cell with one line that says why and what to do, not an ImportError traceback. Lessons 1 and 2 use no
-launcher: their imports load without Horovod. The lessons' Horovod paths run in test_notebooks.py.
+launcher, and lesson 6 uses Ray, TorchDistributor and DeepSpeed: their imports load without Horovod. The lessons'
+Horovod paths run in test_notebooks.py.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def test_lesson_3_stops_in_one_line_that_says_what_to_do(no_horovod_env, tmp_pat
     assert "Lesson 3 needs Horovod" in errors[0].evalue and "LAUNCHER='torch_distributor'" in errors[0].evalue
 
 
-@pytest.mark.parametrize("lesson", ["01", "02"])
+@pytest.mark.parametrize("lesson", ["01", "02", "06"])
 def test_lessons_without_a_launcher_import_without_horovod(lesson, no_horovod_env):
     """Their code cells' imports (the helpers they use and what those import) load where Horovod cannot."""
     imports = [

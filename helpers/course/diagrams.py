@@ -385,6 +385,57 @@ def epoch_pitfall() -> Figure:
     return fig
 
 
+def zero_stages() -> Figure:
+    """Lesson 6: what each ZeRO stage keeps on each of 4 devices (the ZeRO paper's figure 1), and the paper's sums."""
+    fig, ax = _canvas(10.2, 4.7)
+    kinds = [(2, 3, BLUE, BLUE_EDGE), (2, 2, ORANGE, ORANGE_EDGE), (12, 1, GREEN, GREEN_EDGE)]  # bytes, split from
+    legend = [
+        "parameters (2 bytes each)",
+        "gradients (2 bytes)",
+        "optimizer states (K = 12 bytes: fp32 copy, momentum, variance)",
+    ]
+    x = 0.15
+    for text, (_, _, fill, edge) in zip(legend, kinds, strict=True):
+        ax.add_patch(Rectangle((x, 4.38), 0.22, 0.2, facecolor=fill, edgecolor=edge))
+        _label(ax, x + 0.3, 4.48, text, size=9.5, va="center")
+        x += 0.55 + 0.075 * len(text)
+    rows = [
+        ("stage 0: plain\ndata parallelism", "16Ψ = 120 GB"),
+        ("stage 1: optimizer\nstates split", "4Ψ + 12Ψ/N = 31.4 GB"),
+        ("stage 2: and the\ngradients", "2Ψ + 14Ψ/N = 16.6 GB"),
+        ("stage 3: and the\nparameters", "16Ψ/N = 1.9 GB"),
+    ]
+    unit, left, devices, pitch = 0.08, 1.95, 4, 1.45
+    for device in range(devices):
+        _label(ax, left + device * pitch + 8 * unit, 3.95, f"device {device}", size=9.5, ha="center", va="center")
+    _label(ax, 7.85, 3.95, "per device, Ψ = 7.5 B, N = 64", size=9.5, va="center", weight="bold")
+    for stage, (name, total) in enumerate(rows):
+        y = 3.25 - stage * 0.78
+        _label(ax, 0.15, y + 0.15, name, size=9.5, va="center", linespacing=1.2)
+        _label(ax, 7.85, y + 0.15, total, size=10, va="center")
+        for device in range(devices):
+            start = left + device * pitch
+            for size, split_from, fill, edge in kinds:
+                split = stage >= split_from
+                width = size * unit
+                ax.add_patch(Rectangle((start, y), width, 0.3, facecolor="#ffffff", edgecolor=GREY_EDGE, lw=0.6))
+                share = width / devices if split else width
+                offset = device * share if split else 0
+                ax.add_patch(Rectangle((start + offset, y), share, 0.3, facecolor=fill, edgecolor=edge, lw=0.8))
+                start += width
+    _label(
+        ax,
+        0.15,
+        0.3,
+        "White: the part another device holds. Each device keeps 1/N of what its stage splits "
+        "(mixed-precision Adam, the ZeRO paper's example).",
+        size=9.5,
+        va="center",
+        style="italic",
+    )
+    return fig
+
+
 DIAGRAMS: tuple[Diagram, ...] = (
     Diagram(
         "course_stack",
@@ -429,5 +480,14 @@ DIAGRAMS: tuple[Diagram, ...] = (
         "How much data one epoch reads on 1, 2 and 4 devices: one pass with the per-device batch fixed, "
         "but 1, 4 and 16 passes when the steps per epoch stay fixed and the per-device batch grows.",
         epoch_pitfall,
+    ),
+    Diagram(
+        "zero_stages",
+        "06_ray_and_deepspeed",
+        "What each ZeRO stage keeps on each of four devices: stage 0 keeps every parameter, gradient and "
+        "optimizer state on every device (16 bytes per parameter); stage 1 splits the optimizer states, stage 2 "
+        "the gradients too, stage 3 the parameters too, so that for 7.5 billion parameters on 64 devices a device "
+        "holds 120, 31.4, 16.6 and 1.9 GB.",
+        zero_stages,
     ),
 )

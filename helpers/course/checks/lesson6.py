@@ -1,0 +1,601 @@
+"""Checks for lesson 6: Ray Train on a Ray cluster on Spark, and DeepSpeed's ZeRO.
+
+6.1, 6.3 and 6.4 run the answer on inputs generated here with a fixed seed and compare with references computed
+here, independently of the course's helpers: Ray's own ``ScalingConfig`` arithmetic (6.1), the ZeRO paper's formulas
+(6.3), DeepSpeed's own config parser and the batch arithmetic (6.4). 6.2 calls the training function here as ranks of
+a simulated Ray Train job of another size (stopped when it fits), then runs it for one epoch with Ray Train on the
+notebook's Ray cluster and reads what every worker did. An answer that calls the helper doing the exercise fails
+(``own_work``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from helpers.course.checks import (
+    CheckFailed,
+    Delegated,
+    NotAttempted,
+    close,
+    own_work,
+    register,
+    require,
+    require_implemented,
+    whole_number,
+)
+from helpers.course.checks.lesson4 import _check_dir, _FitStopped, _recorded_fits, _reports, _torchrun_env
+
+__all__ = [
+    "LOOP_CONFIG_KEYS",
+    "config_cases",
+    "effective_batch",
+    "memory_cases",
+    "paper_bytes",
+    "ray_scaling_config",
+    "ray_training_function",
+    "run_recorded_loop",
+    "scaling_cases",
+    "zero_configuration",
+    "zero_memory_per_device",
+]
+
+#: what ``train_loop_per_worker(config)`` finds in ``config`` (exercise 6.2)
+LOOP_CONFIG_KEYS = (
+    "train_converter",
+    "val_converter",
+    "class_count",
+    "batch_size",
+    "image_size",
+    "learning_rate",
+    "max_epochs",
+    "use_gpu",
+)
+
+
+def _returned(value: Any, what: str) -> Any:
+    """``value``, or :class:`NotAttempted` when the answer returned nothing (a body without ``return``)."""
+    if value is None:
+        raise NotAttempted(f"{what} returns nothing yet: add a return")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------------- 6.1
+
+
+def scaling_cases(seed: int = 61, count: int = 6) -> list[tuple[int, int, bool]]:
+    """``(num_workers, cpus_per_worker, use_gpu)`` for exercise 6.1: this lesson's cluster, then generated ones.
+
+    Args:
+        seed: the seed of the generator; the same seed gives the same cases.
+        count: how many generated cases.
+
+    Returns:
+        The lesson's 2 one-CPU workers, 1 worker, then ``count`` generated cases with GPUs on and off.
+    """
+    rng = random.Random(seed)
+    cases = [(2, 1, False), (1, 1, False)]
+    cases += [(rng.randint(3, 16), rng.choice([1, 2, 4, 8]), index % 2 == 0) for index in range(count)]
+    return cases
+
+
+def _ray_launcher_helpers() -> tuple[Any, ...]:
+    """The course's helpers that would build the scaling configuration or launch the job for the learner."""
+    from helpers import ray_launcher
+
+    return ray_launcher.run_with_ray, ray_launcher._trainer
+
+
+def _judge_scaling(config: Any, workers: int, cpus: int, use_gpu: bool) -> None:
+    """``config`` is a ``ScalingConfig`` of ``workers`` workers of ``cpus`` CPUs (and one GPU each with
+    ``use_gpu``) whose trainer actor takes no CPU: Ray's own properties say what it asks the cluster for."""
+    from ray.train import ScalingConfig
+
+    call = f"scaling_config({workers}, {cpus}, {use_gpu})"
+    if not isinstance(config, ScalingConfig):
+        raise CheckFailed(f"{call} returned {config!r}: return a ray.train.ScalingConfig(...)")
+    if config.num_workers != workers or bool(config.use_gpu) != use_gpu:
+        raise CheckFailed(
+            f"{call} has num_workers={config.num_workers!r}, use_gpu={config.use_gpu!r}: pass both through"
+        )
+    got = (config.num_cpus_per_worker, config.num_gpus_per_worker)
+    expected = (cpus, 1 if use_gpu else 0)
+    if got != expected:
+        raise CheckFailed(
+            f"{call} gives each worker {got[0]} CPU and {got[1]} GPU, expected {expected[0]} and {expected[1]}: "
+            'resources_per_worker={"CPU": cpus_per_worker} (use_gpu=True adds one GPU per worker)'
+        )
+    trainer_cpus = config.total_resources.get("CPU", 0) - workers * cpus
+    if trainer_cpus:
+        raise CheckFailed(
+            f"{call} reserves {trainer_cpus:g} CPU for the trainer actor, which only coordinates: on a cluster whose "
+            "CPUs are all the workers' the job would wait forever; set trainer_resources={'CPU': 0}"
+        )
+
+
+@register("6.1")
+def ray_scaling_config(namespace) -> str:
+    """``scaling_config(num_workers, cpus_per_worker, use_gpu)``: Ray Train's ``ScalingConfig`` for a Ray cluster on
+    Spark, whose worker nodes each offer ``cpus_per_worker`` CPUs (one Spark task's cores) and nothing else.
+
+    Args:
+        namespace: the notebook's ``globals()``, holding ``scaling_config``; nothing is launched.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``scaling_config`` is not defined, is a stub, or returns None.
+        CheckFailed: a result is not a ``ScalingConfig`` with the workers, GPU flag and CPUs per worker asked for,
+            or it reserves a CPU for the trainer actor.
+        Delegated: the answer calls ``helpers.ray_launcher``'s launcher.
+        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
+    """
+    scaling_config = require(namespace, "scaling_config")
+    require_implemented(scaling_config)
+    cases = scaling_cases()
+    with own_work(*_ray_launcher_helpers()):
+        answers = [_returned(scaling_config(*case), f"scaling_config{case}") for case in cases]
+    for case, config in zip(cases, answers, strict=True):
+        _judge_scaling(config, *case)
+    return f"{len(cases)} scaling configurations ask for exactly the workers' CPUs (and GPUs), none for the trainer"
+
+
+# ---------------------------------------------------------------------------------------------------------- 6.2
+
+
+def _loop_helpers() -> tuple[Any, ...]:
+    """The course's helpers that would do exercise 6.2 for the learner."""
+    from helpers.worker import _rank_and_strategy, train_process, train_with_ray
+
+    return (train_process, _rank_and_strategy, train_with_ray, *_ray_launcher_helpers())
+
+
+@contextmanager
+def _ray_session(rank: int, world_size: int) -> Iterator[None]:
+    """This process as worker ``rank`` of a Ray Train job of ``world_size`` workers, one per node (what Ray's
+    ``get_context()`` and its Lightning utilities read); it never gets as far as reporting."""
+    from ray.train._internal import session
+
+    fake = SimpleNamespace(
+        world_rank=rank,
+        world_size=world_size,
+        local_rank=0,
+        local_world_size=1,
+        node_rank=rank,
+        trial_name=f"check-6.2-rank{rank}",
+        trial_id="check-6.2",
+        experiment_name="check-6.2",
+        loaded_checkpoint=None,
+        metadata={},
+        accelerator=None,
+        report=lambda metrics, checkpoint=None: None,
+    )
+    saved = session._session
+    session._session = fake
+    try:
+        yield
+    finally:
+        session._session = saved
+
+
+def _judge_ray_fit(fits: list[dict[str, Any]], rank: int, world_size: int, use_gpu: bool, where: str) -> None:
+    """The first Trainer of ``rank``: the job's world size and this rank, DDP, this rank's shard, the accelerator."""
+    if not fits:
+        raise CheckFailed(f"{where}: your function never fits a Trainer: call trainer.fit(model, datamodule=...)")
+    fit = fits[0]
+    if (fit["world_size"], fit["global_rank"]) != (world_size, rank):
+        raise CheckFailed(
+            f"{where}: the Trainer sees world size {fit['world_size']} and rank {fit['global_rank']}: use "
+            "strategy=RayDDPStrategy() with plugins=[RayLightningEnvironment()], which take both from Ray's context"
+        )
+    if "DDP" not in fit["strategy"]:
+        raise CheckFailed(f"{where}: the Trainer's strategy is {fit['strategy']}: use RayDDPStrategy()")
+    if fit["shard"] != [rank, world_size]:
+        raise CheckFailed(
+            f"{where}: the datamodule reads shard {fit['shard'][0]} of {fit['shard'][1]}: use device_id=rank and "
+            "device_count=world_size from ray.train.get_context()"
+        )
+    if fit["gpu"] != use_gpu:
+        raise CheckFailed(
+            f"{where}: the Trainer runs on the {'GPU' if fit['gpu'] else 'CPU'} but config['use_gpu'] is {use_gpu}: "
+            "accelerator='gpu' if config['use_gpu'] else 'cpu'"
+        )
+
+
+def _simulated_loop(answer, config: dict[str, Any], rank: int, world_size: int) -> None:
+    """Call ``answer(config)`` here as ``rank`` of a simulated Ray Train job, stopping at ``fit``; judge its Trainer."""
+    fits: list[dict[str, Any]] = []
+    with _torchrun_env(rank, world_size, local_mode=False), _ray_session(rank, world_size):
+        saved = dict(os.environ)  # Lightning's launchers export MASTER_ADDR, NODE_RANK, ... for the "other ranks"
+        try:
+            with _recorded_fits(fits, stop=True), own_work(*_loop_helpers()):
+                answer(dict(config))
+        except _FitStopped:
+            pass
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+    _judge_ray_fit(fits, rank, world_size, False, f"rank {rank} of {world_size} Ray Train workers")
+
+
+def run_recorded_loop(answer, record_dir: str, config: dict[str, Any]) -> None:
+    """What the check's Ray Train job runs in each worker: ``answer(config)``, with a report of its Trainers, the
+    metrics it reported to Ray and its error written to ``record_dir/rank-N.json``.
+
+    Args:
+        answer: the learner's ``train_loop_per_worker``.
+        record_dir: the folder for the reports (shared storage on a real cluster).
+        config: the loop's configuration (see :data:`LOOP_CONFIG_KEYS`).
+
+    Raises:
+        Exception: whatever ``answer`` raised, after the report is written (the job then fails).
+    """
+    from ray.train._internal import session
+
+    rank = int(os.environ.get("RANK", "0"))
+    report: dict[str, Any] = {"rank": rank, "fits": [], "reports": [], "error": None, "delegated": False}
+    live = session.get_session()
+    forward = live.report
+
+    def recorded(metrics, checkpoint=None):
+        report["reports"].append({key: _number(value) for key, value in metrics.items()})
+        return forward(metrics, checkpoint=checkpoint)
+
+    live.report = recorded
+    try:
+        with _recorded_fits(report["fits"], stop=False), own_work(*_loop_helpers()):
+            answer(config)
+    except BaseException as exc:
+        report["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        report["delegated"] = isinstance(exc, Delegated)
+        raise
+    finally:
+        live.report = forward
+        Path(record_dir, f"rank-{rank}.json").write_text(json.dumps(report))
+
+
+def _number(value: Any) -> float | None:
+    """A reported metric as a float (tensors included), None if it is not a number."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _on_ray(answer, config: dict[str, Any], workers: int) -> dict[int, dict[str, Any]]:
+    """Run ``answer`` for real with Ray Train on the connected Ray cluster; return every rank's report."""
+    from helpers.ray_launcher import run_with_ray
+
+    record_dir = _check_dir("6.2-reports")
+    record_dir.mkdir(parents=True)
+    try:
+        try:
+            job = {"answer": answer, "record_dir": str(record_dir), "config": config}
+            run_with_ray(run_recorded_loop, workers, use_gpu=config["use_gpu"], **job)
+        except Exception as exc:
+            reports = _reports(record_dir)
+            failed = [r for r in reports.values() if r["error"]]
+            if any(r["delegated"] for r in failed):
+                raise Delegated(next(r["error"] for r in failed if r["delegated"]).split(": ", 1)[1]) from None
+            error = failed[0]["error"] if failed else f"{type(exc).__name__}: {str(exc)[:400]}"
+            raise CheckFailed(f"the Ray Train job failed: {error}") from None
+        return _reports(record_dir)
+    finally:
+        shutil.rmtree(record_dir, ignore_errors=True)
+
+
+def _judge_ray_reports(reports: dict[int, dict[str, Any]], workers: int, use_gpu: bool) -> None:
+    """Every worker of the real job fitted the right Trainer and reported a finite ``val_loss`` to Ray."""
+    for rank in range(workers):
+        where = f"rank {rank} of the {workers} Ray Train workers"
+        report = reports.get(rank, {})
+        _judge_ray_fit(report.get("fits", []), rank, workers, use_gpu, where)
+        losses = [r.get("val_loss") for r in report.get("reports", [])]
+        if not any(loss is not None and math.isfinite(loss) for loss in losses):
+            raise CheckFailed(
+                f"{where} reported {len(losses)} times to Ray, never a val_loss: call ray.train.report with "
+                "trainer.callback_metrics on every worker, from a callback's on_train_epoch_end"
+            )
+
+
+@register("6.2")
+def ray_training_function(namespace) -> str:
+    """``train_loop_per_worker(config)``: what every Ray Train worker runs (rank and world size from Ray's context,
+    this rank's shard, lesson 2's model, Lightning under Ray's DDP strategy, metrics reported to Ray).
+
+    Called here as two ranks of a simulated job of 3 or 4 workers (stopped at ``fit``), then run for one epoch on
+    small images with Ray Train on the notebook's Ray cluster (``WORKERS`` workers), where every worker records its
+    Trainer and what it reported.
+
+    Args:
+        namespace: the notebook's ``globals()``, holding ``train_loop_per_worker``, ``train_converter``,
+            ``val_converter``, ``class_names``, ``WORKERS`` (default 2) and ``USE_GPU`` (default False); Ray must
+            be running (``ray_cluster``).
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: a name is not defined, or ``train_loop_per_worker`` is a stub.
+        CheckFailed: a Trainer does not have the job's world size and its rank, DDP, the rank's shard or the
+            accelerator asked for; a worker reported no ``val_loss`` to Ray; the Ray Train job failed.
+        Delegated: the answer calls ``helpers.worker.train_process`` or another helper that trains for it.
+        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
+    """
+    answer, train_converter, val_converter, class_names = require(
+        namespace, "train_loop_per_worker", "train_converter", "val_converter", "class_names"
+    )
+    require_implemented(answer)
+    workers = whole_number(namespace.get("WORKERS", 2), "WORKERS")
+    use_gpu = bool(namespace.get("USE_GPU", False))
+    config = {
+        "train_converter": train_converter,
+        "val_converter": val_converter,
+        "class_count": len(class_names),
+        "batch_size": 16,
+        "image_size": 8,
+        "learning_rate": 0.01,
+        "max_epochs": 1,
+        "use_gpu": False,
+    }
+    world_size = random.Random(62).randint(3, 4)
+    for rank in (0, world_size - 1):
+        _simulated_loop(answer, config, rank, world_size)
+    _judge_ray_reports(_on_ray(answer, {**config, "use_gpu": use_gpu}, workers), workers, use_gpu)
+    return (
+        f"the right rank, world size and shard as ranks of {world_size} workers; {workers} Ray Train workers trained "
+        "and reported val_loss to Ray"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------- 6.3
+
+
+def paper_bytes(param_count: float, stage: int, world_size: int, k: float = 12) -> float:
+    """Model-state bytes per device in the ZeRO paper's notation (Rajbhandari et al. 2020, figure 1).
+
+    With Ψ parameters, ``N_d`` devices and ``K`` bytes of optimizer state per parameter (12 for mixed-precision
+    Adam), data parallelism keeps ``(2 + 2 + K) Ψ`` on every device; ``P_os`` keeps ``4Ψ + KΨ/N_d``, ``P_os+g``
+    keeps ``2Ψ + (2 + K)Ψ/N_d`` and ``P_os+g+p`` keeps ``(2 + 2 + K)Ψ/N_d``.
+
+    Args:
+        param_count: Ψ.
+        stage: 0 (plain data parallelism) to 3.
+        world_size: N_d.
+        k: K.
+
+    Returns:
+        The bytes of parameters, gradients and optimizer state one device holds.
+
+    Raises:
+        KeyError: a stage other than 0-3.
+    """
+    psi, nd = param_count, world_size
+    return {
+        0: (2 + 2 + k) * psi,
+        1: 4 * psi + k * psi / nd,
+        2: 2 * psi + (2 + k) * psi / nd,
+        3: (2 + 2 + k) * psi / nd,
+    }[stage]
+
+
+def memory_cases(seed: int = 63, count: int = 24) -> list[tuple[int, int, int, int | None]]:
+    """``(param_count, stage, world_size, k)`` for exercise 6.3 (``k`` None: the answer's default, 12).
+
+    Args:
+        seed: the seed of the generator; the same seed gives the same cases.
+        count: how many generated cases.
+
+    Returns:
+        The paper's 7.5B-parameter model on 64 devices at every stage, one device, then ``count`` generated cases
+        (K of 12, 8 and 4; up to a trillion parameters and 1024 devices), and numpy integers.
+    """
+    import numpy as np
+
+    rng = random.Random(seed)
+    cases: list[tuple[Any, ...]] = [(7_500_000_000, stage, 64, None) for stage in range(4)]
+    cases += [(1_000_000, stage, 1, None) for stage in range(4)]
+    for index in range(count):
+        cases.append(
+            (
+                rng.randint(10**5, 10**12),
+                index % 4,
+                rng.choice([2, 3, 4, 8, 16, 24, 64, 100, 1024]),
+                rng.choice([None, 12, 8, 4]),
+            )
+        )
+    return cases + [(np.int64(p), np.int64(s), np.int64(n), k) for p, s, n, k in cases[8:11]]
+
+
+def _same_bytes(got: Any, expected: float) -> bool:
+    """``got`` is ``expected`` bytes, give or take what rounding a shard's size up or down can change (one
+    parameter's 16 bytes at most)."""
+    if close(got, expected):
+        return True
+    try:
+        value = float(got)
+    except (TypeError, ValueError):
+        return False
+    return not isinstance(got, bool) and abs(value - expected) <= 16
+
+
+def _memory_helpers() -> tuple[Any, ...]:
+    from helpers.zero import zero_fits, zero_memory
+
+    return zero_memory, zero_fits
+
+
+@register("6.3")
+def zero_memory_per_device(namespace) -> str:
+    """``zero_bytes(param_count, stage, world_size, k=12)``: the model-state bytes one device holds under ZeRO
+    ``stage``, compared with the ZeRO paper's formulas (:func:`paper_bytes`) on :func:`memory_cases`.
+
+    Args:
+        namespace: the notebook's ``globals()``, holding ``zero_bytes``.
+
+    Returns:
+        The success message ``check`` shows (with the paper's 7.5B-parameter example worked out).
+
+    Raises:
+        NotAttempted: ``zero_bytes`` is not defined, is a stub, or returns None.
+        CheckFailed: a result is not the paper's number of bytes.
+        Delegated: the answer calls ``helpers.zero.zero_memory`` or ``zero_fits``.
+        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
+    """
+    zero_bytes = require(namespace, "zero_bytes")
+    require_implemented(zero_bytes)
+    cases = memory_cases()
+    with own_work(*_memory_helpers()):
+        answers = [
+            zero_bytes(psi, stage, nd) if k is None else zero_bytes(psi, stage, nd, k) for psi, stage, nd, k in cases
+        ]
+    for (psi, stage, nd, k), got in zip(cases, answers, strict=True):
+        call = f"zero_bytes({psi}, {stage}, {nd}{'' if k is None else f', k={k}'})"
+        expected = paper_bytes(int(psi), int(stage), int(nd), 12 if k is None else k)
+        _returned(got, call)
+        if not _same_bytes(got, expected):
+            raise CheckFailed(
+                f"{call} = {got!r}, expected {expected:.6g} bytes: every device keeps 2 bytes of parameters, 2 of "
+                "gradients and k of optimizer state per parameter, and stage s divides the optimizer state "
+                "(s >= 1), the gradients (s >= 2) and the parameters (s = 3) by world_size"
+            )
+    paper = ", ".join(f"{paper_bytes(7.5e9, stage, 64) / 1e9:.3g}" for stage in range(4))
+    return f"the paper's arithmetic on {len(cases)} cases: 7.5B parameters on 64 devices hold {paper} GB per device"
+
+
+# ---------------------------------------------------------------------------------------------------------- 6.4
+
+
+def effective_batch(config: dict[str, Any], world_size: int) -> tuple[float, float, float]:
+    """``(train_batch_size, micro_batch, accumulation)`` a DeepSpeed config means on ``world_size`` processes.
+
+    DeepSpeed needs two of the three batch keys and computes the third from
+    ``train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x world_size``; with only one
+    of them, accumulation is 1.
+
+    Args:
+        config: the DeepSpeed config.
+        world_size: the processes training together.
+
+    Returns:
+        The three numbers, as DeepSpeed resolves them (not checked for consistency: ``check_zero_config`` does).
+    """
+    total = config.get("train_batch_size")
+    micro = config.get("train_micro_batch_size_per_gpu")
+    steps = config.get("gradient_accumulation_steps")
+    if micro is not None and steps is not None:
+        return micro * steps * world_size, micro, steps
+    if total is not None and micro is not None:
+        return total, micro, total / (micro * world_size)
+    steps = 1 if steps is None else steps
+    if total is not None:
+        return total, total / (steps * world_size), steps
+    return (micro or 0) * steps * world_size, micro or 0, steps
+
+
+def config_cases(seed: int = 64, count: int = 8) -> list[tuple[int, int, int, int, float]]:
+    """``(stage, micro_batch_size, world_size, accumulation, learning_rate)`` for exercise 6.4.
+
+    Args:
+        seed: the seed of the generator; the same seed gives the same cases.
+        count: how many generated cases.
+
+    Returns:
+        This lesson's run (stage 2, 32 rows, 2 processes) and every stage, then ``count`` generated cases.
+    """
+    rng = random.Random(seed)
+    cases = [(2, 32, 2, 1, 0.02)] + [(stage, 16, 4, 2, 0.01) for stage in (0, 1, 3)]
+    for index in range(count):
+        cases.append(
+            (
+                index % 4,
+                rng.choice([1, 4, 8, 24, 64]),
+                rng.choice([1, 2, 3, 8, 16]),
+                rng.choice([1, 2, 4, 8]),
+                round(rng.uniform(1e-4, 0.1), 5),
+            )
+        )
+    return cases
+
+
+def _judge_config(config: Any, case: tuple[int, int, int, int, float]) -> None:
+    """``config`` is a JSON-able DeepSpeed config DeepSpeed's parser accepts, for ``case``: the stage, the batch
+    arithmetic, lesson 2's SGD (momentum 0.9) at the learning rate, and fp32."""
+    from helpers import CourseInputError
+    from helpers.zero import check_zero_config
+
+    stage, micro, world, steps, lr = case
+    call = f"zero_config_for{case}"
+    if not isinstance(config, dict):
+        raise CheckFailed(f"{call} returned a {type(config).__name__}: return the DeepSpeed config as a dict")
+    try:
+        json.dumps(config)
+    except (TypeError, ValueError) as error:
+        raise CheckFailed(f"{call} is not JSON ({error}): the distributor writes it to a file") from None
+    try:
+        check_zero_config(config, world)
+    except CourseInputError as error:
+        raise CheckFailed(f"{call}: {error}") from None
+    got_stage = config.get("zero_optimization", {}).get("stage", 0)
+    if got_stage != stage:
+        raise CheckFailed(f"{call} has zero_optimization.stage={got_stage!r}, expected {stage}")
+    got = effective_batch(config, world)
+    if tuple(map(float, got)) != (micro * steps * world, micro, steps):
+        raise CheckFailed(
+            f"{call} means train_batch_size, micro batch, accumulation = {got}, expected "
+            f"{(micro * steps * world, micro, steps)}: train_batch_size is the global batch of one optimizer step, "
+            "micro batch x accumulation x world size"
+        )
+    optimizer = config.get("optimizer") or {}
+    params = optimizer.get("params") or {}
+    if (
+        str(optimizer.get("type", "")).lower() != "sgd"
+        or not close(params.get("lr"), lr)
+        or params.get("momentum") != 0.9
+    ):
+        raise CheckFailed(
+            f"{call} has the optimizer {optimizer!r}: lesson 2's, "
+            f'{{"type": "SGD", "params": {{"lr": {lr}, "momentum": 0.9}}}}'
+        )
+    if any((config.get(key) or {}).get("enabled") for key in ("fp16", "bf16")):
+        raise CheckFailed(f"{call} turns on 16-bit training: this run is in fp32 on the CPU; leave fp16 and bf16 out")
+
+
+@register("6.4")
+def zero_configuration(namespace) -> str:
+    """``zero_config_for(stage, micro_batch_size, world_size, accumulation, learning_rate)``: a DeepSpeed config for
+    lesson 2's SGD in fp32, checked with DeepSpeed's own parser (``helpers.zero.check_zero_config``) and the batch
+    arithmetic on :func:`config_cases`.
+
+    Args:
+        namespace: the notebook's ``globals()``, holding ``zero_config_for``.
+
+    Returns:
+        The success message ``check`` shows.
+
+    Raises:
+        NotAttempted: ``zero_config_for`` is not defined, is a stub, or returns None.
+        CheckFailed: a config is not a JSON-able dict that DeepSpeed and the course's rules accept, or its stage,
+            batch sizes, optimizer or precision are not the ones asked for.
+        Delegated: the answer calls ``helpers.zero.zero_config``.
+        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
+    """
+    from helpers.zero import zero_config
+
+    zero_config_for = require(namespace, "zero_config_for")
+    require_implemented(zero_config_for)
+    cases = config_cases()
+    with own_work(zero_config):
+        answers = [_returned(zero_config_for(*case), f"zero_config_for{case}") for case in cases]
+    for case, config in zip(cases, answers, strict=True):
+        _judge_config(config, case)
+    return f"{len(cases)} configs for stages 0-3 pass DeepSpeed's parser, with the right batch arithmetic"

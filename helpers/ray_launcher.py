@@ -1,0 +1,135 @@
+"""Ray Train as a launcher: ``fn(**kwargs)`` in every worker of a ``TorchTrainer``, on the course's job protocol.
+
+Ray Train starts one worker (a Ray actor) per training process on the Ray cluster this process is connected to
+(:func:`helpers.ray_on_spark.ray_cluster`), sets up ``torch.distributed`` in them (Gloo on the CPU, NCCL between
+GPUs) and exports ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` like ``torchrun``. :func:`run_with_ray` adds what the other
+launchers give (:mod:`helpers.jobs`): every worker runs inside a :class:`~helpers.jobs.WorkerCall` (a failure
+record when it raises), takes its share of the CPU threads, returns rank 0's result; a failed job ends its
+MLflow runs FAILED and raises :class:`RayJobError` naming the rank that failed first and its error.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+
+from helpers import CourseInputError
+from helpers.distributor import _SaveRankZeroResult, _WorkerSetup, process_group_backend
+from helpers.jobs import JobError, JobFolder, WorkerCall, stall_timeout_s
+from helpers.validation import check_flag, whole_number
+
+__all__ = ["RayJobError", "run_with_ray"]
+
+
+class RayJobError(JobError):
+    """A Ray Train job failed: ``reason`` names the root cause (see :class:`helpers.jobs.JobError`)."""
+
+
+class _TrainLoop:
+    """Ray Train's ``train_loop_per_worker``: the job's :class:`~helpers.jobs.WorkerCall` with the user's arguments
+    (kept here rather than in ``train_loop_config``, which Ray Tune copies and searches)."""
+
+    def __init__(self, call: WorkerCall, kwargs: dict[str, Any]):
+        self.call = call
+        self.kwargs = kwargs
+
+    def __call__(self) -> None:
+        self.call(**self.kwargs)
+
+
+def _check_resources(num_workers: int, cpus_per_worker: int, use_gpu: bool) -> None:
+    """Refuse a job the connected Ray cluster cannot place (Ray would wait for resources forever)."""
+    import ray
+
+    if not ray.is_initialized():
+        raise CourseInputError(
+            "run_with_ray needs a running Ray cluster: start one with `with ray_cluster(spark):` "
+            "(helpers.ray_on_spark) and launch inside the block."
+        )
+    have = ray.cluster_resources()
+    for resource, each in (("CPU", cpus_per_worker), ("GPU", 1 if use_gpu else 0)):
+        available = have.get(resource, 0)
+        if num_workers * each > available:
+            raise CourseInputError(
+                f"{num_workers} Ray Train workers of {each} {resource} need {num_workers * each}, but the Ray cluster "
+                f"has {available:g}: use num_workers={int(available // each)} or fewer, or more Ray worker nodes."
+            )
+
+
+def _trainer(loop: _TrainLoop, job: JobFolder, num_workers: int, cpus_per_worker: int, use_gpu: bool):
+    """The ``TorchTrainer``: one worker of ``cpus_per_worker`` CPUs per Ray node if it can (SPREAD), the trainer
+    itself on no CPU (all of them may be the workers'), no retry, its files in the job folder."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    return TorchTrainer(
+        loop,
+        torch_config=TorchConfig(backend=process_group_backend(use_gpu), timeout_s=stall_timeout_s()),
+        scaling_config=ScalingConfig(
+            num_workers=num_workers,
+            use_gpu=use_gpu,
+            resources_per_worker={"CPU": cpus_per_worker},
+            trainer_resources={"CPU": 0},
+            placement_strategy="SPREAD",
+        ),
+        run_config=RunConfig(
+            name="ray_train",
+            storage_path=str(job.path),
+            failure_config=FailureConfig(max_failures=0),
+            verbose=0,
+        ),
+    )
+
+
+def run_with_ray(
+    fn: Callable[..., Any], num_workers: int = 2, *, use_gpu: bool = False, cpus_per_worker: int = 1, **kwargs: Any
+) -> Any:
+    """Run ``fn(**kwargs)`` in every worker of a Ray Train ``TorchTrainer``; return global rank 0's result.
+
+    Args:
+        fn: the function every worker runs (``torch.distributed`` is set up; ``RANK``, ``WORLD_SIZE`` exported).
+        num_workers: how many workers (training processes).
+        use_gpu: one GPU per worker, NCCL between them (else Gloo on the CPU).
+        cpus_per_worker: the CPUs each worker takes (and its compute threads).
+        **kwargs: ``fn``'s arguments.
+
+    Returns:
+        What ``fn`` returned on global rank 0.
+
+    Raises:
+        CourseInputError: a bad count, no Ray cluster connected, or too few CPUs or GPUs in it.
+        RayJobError: a worker raised or died; the message names the root cause.
+    """
+    whole_number("num_workers", num_workers)
+    whole_number("cpus_per_worker", cpus_per_worker)
+    check_flag("use_gpu", use_gpu)
+    _check_resources(num_workers, cpus_per_worker, use_gpu)
+    job = JobFolder.create("ray")
+    call = WorkerCall(
+        _SaveRankZeroResult(fn), job, rank_env="RANK", setup=_WorkerSetup(cpus_per_worker, stall_timeout_s())
+    )
+    started = time.monotonic()
+    try:
+        _trainer(_TrainLoop(call, kwargs), job, num_workers, cpus_per_worker, use_gpu).fit()
+        stored = job.read_result()
+        return cloudpickle.loads(stored) if stored is not None else None
+    except Exception as exc:
+        job.fail_open_mlflow_runs()
+        raise _ray_error(exc, job, num_workers, time.monotonic() - started) from exc
+    finally:
+        job.remove()
+
+
+def _ray_error(exc: BaseException, job: JobFolder, num_workers: int, elapsed: float) -> RayJobError:
+    """The :class:`RayJobError` for a failed job: the root cause by the job protocol's rule, else Ray's error."""
+    cause = job.root_cause()
+    if cause is not None:
+        reason = f"rank {cause.rank} raised {cause.last_line}"
+    else:
+        reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)[:300]
+    message = f"Ray Train training with {num_workers} workers failed after {elapsed:.0f} s: {reason}."
+    details = {"rank": cause.rank, "worker_traceback": cause.text} if cause is not None else {}
+    return RayJobError(message, reason=reason, **details)
