@@ -29,15 +29,8 @@ from helpers import CourseInputError
 from helpers.datamodule import ONE_PASS
 from helpers.deepspeed_train import CALL_FILE, train_zero
 from helpers.devices import precision_for
-from helpers.distributor import (
-    _SaveRankZeroResult,
-    _session,
-    _stall_reason,
-    _summarise,
-    _threads_per_process,
-    _WorkerSetup,
-)
-from helpers.jobs import JobError, JobFolder, WorkerCall, stall_timeout_s
+from helpers.distributor import failure_reason, spark_session, threads_per_process
+from helpers.jobs import JobError, JobFolder, ranked_call, run_job
 from helpers.spark import configure_python_env
 from helpers.tracking import run_name as new_run_name
 from helpers.training import TrainResult
@@ -98,41 +91,29 @@ def run_with_deepspeed(
     num_processes = whole_number("num_processes", num_processes, hint="One process per GPU or CPU share.")
     check_flag("use_gpu", use_gpu)
     check_zero_config(config, num_processes)
-    spark = _session(spark)
+    spark = spark_session(spark)
     configure_python_env()
     job = JobFolder.create("deepspeed")
     config_file = job.path / "deepspeed_config.json"
     config_file.write_text(json.dumps(config, indent=2))
-    setup = _WorkerSetup(_threads_per_process(spark, num_processes, True), stall_timeout_s())
-    call = WorkerCall(_SaveRankZeroResult(fn), job, rank_env="RANK", setup=setup)
+    call = ranked_call(fn, job, threads_per_process(spark, num_processes, True))
     (job.path / CALL_FILE).write_bytes(cloudpickle.dumps((call, kwargs)))
     distributor = DeepspeedTorchDistributor(
         numGpus=num_processes, nnodes=1, localMode=True, useGpu=use_gpu, deepspeedConfig=str(config_file)
     )
     started = time.monotonic()
-    try:
-        distributor.run(str(TRAIN_FILE), "--job", str(job.path))
-        stored = job.read_result()
-        return cloudpickle.loads(stored) if stored is not None else None
-    except Exception as exc:
-        job.fail_open_mlflow_runs()
+
+    def error_for(exc: Exception) -> DeepSpeedJobError:
         stage = config.get("zero_optimization", {}).get("stage", 0)
-        raise _job_error(exc, job, stage, num_processes, time.monotonic() - started) from exc
-    finally:
-        job.remove()
+        return _job_error(exc, job, stage, num_processes, time.monotonic() - started)
+
+    return run_job(job, lambda: distributor.run(str(TRAIN_FILE), "--job", str(job.path)), error_for)
 
 
 def _job_error(exc: BaseException, job: JobFolder, stage: int, num_processes: int, elapsed: float) -> DeepSpeedJobError:
-    """The :class:`DeepSpeedJobError` of a failed job, by the job protocol's rule: a rank's own error; else a stall;
-    else an echo of another rank's failure; else the best line of ``torchrun``'s output."""
+    """The :class:`DeepSpeedJobError` of a failed job, its reason by :func:`helpers.distributor.failure_reason`."""
     cause = job.root_cause()
-    stall = _stall_reason(job, num_processes)
-    if stall and (cause is None or cause.collateral):
-        reason = stall
-    elif cause is not None:
-        reason = f"rank {cause.rank} raised {cause.last_line}"
-    else:
-        reason = _summarise(exc)
+    reason = failure_reason(exc, job, num_processes)
     message = (
         f"DeepSpeed training (ZeRO stage {stage}) with {num_processes} processes on the driver failed after "
         f"{elapsed:.0f} s: {reason.rstrip('.')}. The job was stopped."

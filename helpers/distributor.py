@@ -26,19 +26,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
-
 from helpers import CourseInputError
-from helpers.jobs import STALL_HINT, STALL_TIMEOUT_ENV, JobError, JobFolder, WorkerCall, pin_threads, stall_timeout_s
+from helpers.jobs import STALL_HINT, STALL_TIMEOUT_ENV, JobError, JobFolder, ranked_call, run_job, stall_timeout_s
 from helpers.spark import check_gpu_per_task, configure_python_env, executor_count, task_slots
 from helpers.validation import whole_number
 
 __all__ = [
     "DistributorError",
     "ddp_layout",
+    "failure_reason",
     "make_distributor",
     "process_group_backend",
     "run_with_distributor",
+    "spark_session",
+    "threads_per_process",
     "watched_job",
 ]
 
@@ -78,7 +79,7 @@ def process_group_backend(use_gpu: bool) -> str:
     return "nccl" if use_gpu else "gloo"
 
 
-def _session(spark=None):
+def spark_session(spark=None):
     """``spark``, else the session TorchDistributor will use: this thread's active one or the process's default."""
     from pyspark.sql import SparkSession
 
@@ -101,7 +102,7 @@ def make_distributor(num_processes: int = 2, use_gpu: bool = False, local_mode: 
     from pyspark.ml.torch.distributor import TorchDistributor
 
     ddp_layout(num_processes, local_mode)
-    spark = _session(spark)
+    spark = spark_session(spark)
     if not local_mode:
         slots = task_slots(spark)
         if num_processes > slots:
@@ -203,34 +204,7 @@ def _summarise(error: BaseException) -> str:
     return first[:300]
 
 
-class _WorkerSetup:
-    """Run first in every TorchDistributor process: take ``threads`` compute threads; the driver's stall bound
-    (the process group's timeout, see :func:`helpers.jobs.stall_timeout_s`)."""
-
-    def __init__(self, threads: int, stall_timeout: int):
-        self.threads = threads
-        self.stall_timeout = stall_timeout
-
-    def __call__(self) -> None:
-        pin_threads(self.threads)
-        os.environ[STALL_TIMEOUT_ENV] = str(self.stall_timeout)
-
-
-class _SaveRankZeroResult:
-    """Call ``fn`` and, on global rank 0, store its result in the job folder (``torchrun`` may lose it)."""
-
-    def __init__(self, fn: Callable[..., Any]):
-        self.fn = fn
-
-    def __call__(self, **kwargs: Any) -> Any:
-        result = self.fn(**kwargs)
-        job = JobFolder.current()
-        if job is not None and int(os.environ.get("RANK", "0")) == 0:
-            job.write_result(cloudpickle.dumps(result))
-        return result
-
-
-def _threads_per_process(spark, num_processes: int, local_mode: bool) -> int:
+def threads_per_process(spark, num_processes: int, local_mode: bool) -> int:
     """CPU threads for each training process: its task's cores on a cluster, a share of this machine locally."""
     if local_mode:
         return max(1, (os.cpu_count() or 1) // num_processes)
@@ -262,26 +236,20 @@ def run_with_distributor(
     Raises:
         DistributorError: a process raised or died; the message names the root cause and the checkpoint to resume.
     """
-    spark = _session(spark)
+    spark = spark_session(spark)
     configure_python_env()
     num_processes, local_mode = distributor.num_processes, distributor.local_mode
     job = JobFolder.create("torch_distributor")
-    threads = _threads_per_process(spark, num_processes, local_mode)
-    setup = _WorkerSetup(threads, stall_timeout_s())
-    call = WorkerCall(_SaveRankZeroResult(fn), job, rank_env="RANK", setup=setup)
+    call = ranked_call(fn, job, threads_per_process(spark, num_processes, local_mode))
     watch = watched_job(spark, num_processes) if fail_fast and not local_mode else contextlib.nullcontext()
     started = time.monotonic()
     with watch as watchdog:
-        try:
-            distributor.run(call, **kwargs)
-            stored = job.read_result()
-            return cloudpickle.loads(stored) if stored is not None else None
-        except Exception as exc:
-            job.fail_open_mlflow_runs()
+
+        def error_for(exc: Exception) -> DistributorError:
             elapsed = time.monotonic() - started
-            raise _distributor_error(exc, watchdog, job, checkpoint_dir, distributor, elapsed) from exc
-        finally:
-            job.remove()
+            return _distributor_error(exc, watchdog, job, checkpoint_dir, distributor, elapsed)
+
+        return run_job(job, lambda: distributor.run(call, **kwargs), error_for)
 
 
 def _stall_reason(job: JobFolder, num_processes: int) -> str | None:
@@ -304,20 +272,35 @@ def _stall_reason(job: JobFolder, num_processes: int) -> str | None:
     )
 
 
+def failure_reason(exc: BaseException, job: JobFolder, num_processes: int, lost: str | None = None) -> str:
+    """Why a job of ``torchrun`` processes failed, in one line, by the job protocol's rule.
+
+    Args:
+        exc: what the launcher raised.
+        job: the job's folder, with its failure records.
+        num_processes: the job's processes.
+        lost: the watchdog's reason when an executor was lost, or None.
+
+    Returns:
+        A stall (ranks that timed out in a collective) unless a rank raised an error of its own; else that error;
+        else ``lost``; else an echo of another rank's failure; else the best line of ``exc``.
+    """
+    cause = job.root_cause()
+    stall = _stall_reason(job, num_processes)
+    if stall and (cause is None or cause.collateral):
+        return stall
+    if cause is not None and (not cause.collateral or lost is None):
+        return f"rank {cause.rank} raised {cause.last_line}"
+    return lost or _summarise(exc)
+
+
 def _distributor_error(
     exc: BaseException, watchdog, job: JobFolder, checkpoint_dir: str | None, distributor, elapsed: float
 ) -> DistributorError:
     """The :class:`DistributorError` for a failed job, by the job protocol's rule: a rank's own error; else a
     lost executor (no Python error); else an echo of another rank's failure; else the best line of Spark's error."""
     cause = job.root_cause()
-    lost = watchdog.reason if watchdog is not None else None
-    stall = _stall_reason(job, distributor.num_processes)
-    if stall and (cause is None or cause.collateral):
-        reason = stall
-    elif cause is not None and (not cause.collateral or lost is None):
-        reason = f"rank {cause.rank} raised {cause.last_line}"
-    else:
-        reason = lost or _summarise(exc)
+    reason = failure_reason(exc, job, distributor.num_processes, lost=watchdog.reason if watchdog is not None else None)
     last = _last_checkpoint(checkpoint_dir)
     resume = (
         f"rerun with ckpt_restore={last!r} to continue from its last checkpoint"

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
+
 from helpers.validation import whole_number
 from helpers.workdir import work_dir
 
@@ -43,7 +45,9 @@ __all__ = [
     "WorkerCall",
     "is_collateral",
     "pin_threads",
+    "ranked_call",
     "record_mlflow_run",
+    "run_job",
     "stall_timeout_s",
     "worker_credentials",
 ]
@@ -412,3 +416,74 @@ class WorkerCall:
         except BaseException as exc:
             JobFolder(self.job_path).record_failure(int(os.environ.get(self.rank_env, "0")), exc)
             raise
+
+
+class _ThreadsAndStallBound:
+    """Run first in every process of a job that :func:`ranked_call` made: take ``threads`` compute threads; the
+    driver's stall bound (the process group's timeout, see :func:`stall_timeout_s`)."""
+
+    def __init__(self, threads: int, stall_timeout: int):
+        self.threads = threads
+        self.stall_timeout = stall_timeout
+
+    def __call__(self) -> None:
+        pin_threads(self.threads)
+        os.environ[STALL_TIMEOUT_ENV] = str(self.stall_timeout)
+
+
+class _SaveRankZeroResult:
+    """Call ``fn`` and, on global rank 0, store its result in the job folder (``torchrun`` may lose it)."""
+
+    def __init__(self, fn: Callable[..., Any]):
+        self.fn = fn
+
+    def __call__(self, **kwargs: Any) -> Any:
+        result = self.fn(**kwargs)
+        job = JobFolder.current()
+        if job is not None and int(os.environ.get("RANK", "0")) == 0:
+            job.write_result(cloudpickle.dumps(result))
+        return result
+
+
+def ranked_call(fn: Callable[..., Any], job: JobFolder, threads: int) -> WorkerCall:
+    """The :class:`WorkerCall` of a job whose processes find their global rank in ``RANK`` (TorchDistributor,
+    DeepSpeed, Ray Train).
+
+    Args:
+        fn: the user's function.
+        job: the job's folder.
+        threads: the compute threads each process takes (:func:`pin_threads`).
+
+    Returns:
+        A call that first takes ``threads`` threads and the driver's stall bound, then runs ``fn``; global rank 0
+        stores what ``fn`` returned in the job folder, for :func:`run_job`.
+    """
+    return WorkerCall(
+        _SaveRankZeroResult(fn), job, rank_env="RANK", setup=_ThreadsAndStallBound(threads, stall_timeout_s())
+    )
+
+
+def run_job(job: JobFolder, launch: Callable[[], Any], error_for: Callable[[Exception], JobError]) -> Any:
+    """Run a job of :func:`ranked_call` processes to its end, and always remove its folder.
+
+    Args:
+        job: the job's folder.
+        launch: starts the processes and returns when they are done (``distributor.run(call, ...)``, ...).
+        error_for: the launcher's error for what ``launch`` raised; it runs while the folder still holds the
+            failure records (:meth:`JobFolder.root_cause`).
+
+    Returns:
+        What the function returned on global rank 0 (None if it stored nothing).
+
+    Raises:
+        JobError: ``error_for``'s, after the job's MLflow runs still RUNNING were ended FAILED.
+    """
+    try:
+        launch()
+        stored = job.read_result()
+        return cloudpickle.loads(stored) if stored is not None else None
+    except Exception as exc:
+        job.fail_open_mlflow_runs()
+        raise error_for(exc) from exc
+    finally:
+        job.remove()

@@ -14,11 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import cloudpickle
-
 from helpers import CourseInputError
-from helpers.distributor import _SaveRankZeroResult, _WorkerSetup, process_group_backend
-from helpers.jobs import JobError, JobFolder, WorkerCall, stall_timeout_s
+from helpers.distributor import process_group_backend
+from helpers.jobs import JobError, JobFolder, WorkerCall, ranked_call, run_job, stall_timeout_s
 from helpers.validation import check_flag, whole_number
 
 __all__ = ["RayJobError", "run_with_ray"]
@@ -108,19 +106,13 @@ def run_with_ray(
     check_flag("use_gpu", use_gpu)
     _check_resources(num_workers, cpus_per_worker, use_gpu)
     job = JobFolder.create("ray")
-    call = WorkerCall(
-        _SaveRankZeroResult(fn), job, rank_env="RANK", setup=_WorkerSetup(cpus_per_worker, stall_timeout_s())
-    )
+    loop = _TrainLoop(ranked_call(fn, job, cpus_per_worker), kwargs)
     started = time.monotonic()
-    try:
-        _trainer(_TrainLoop(call, kwargs), job, num_workers, cpus_per_worker, use_gpu).fit()
-        stored = job.read_result()
-        return cloudpickle.loads(stored) if stored is not None else None
-    except Exception as exc:
-        job.fail_open_mlflow_runs()
-        raise _ray_error(exc, job, num_workers, time.monotonic() - started) from exc
-    finally:
-        job.remove()
+
+    def error_for(exc: Exception) -> RayJobError:
+        return _ray_error(exc, job, num_workers, time.monotonic() - started)
+
+    return run_job(job, lambda: _trainer(loop, job, num_workers, cpus_per_worker, use_gpu).fit(), error_for)
 
 
 def _ray_error(exc: BaseException, job: JobFolder, num_workers: int, elapsed: float) -> RayJobError:
