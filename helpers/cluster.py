@@ -39,9 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 from helpers import CourseInputError
 from helpers.processes import kill_tree, process_tree, stop_processes
+from helpers.shared_storage import check_shared_folder
 from helpers.spark import configure_python_env, executor_count, find_java_home, get_spark
 from helpers.validation import whole_number
-from helpers.workdir import work_path
+from helpers.workdir import work_dir, work_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -54,6 +55,7 @@ __all__ = [
     "free_ports",
     "master_state",
     "parse_memory_mb",
+    "slot_executor_size",
     "spark_class",
 ]
 
@@ -499,20 +501,22 @@ class LocalCluster:
             time.sleep(0.25)
 
     def _connect(self) -> SparkSession:
-        """A SparkSession on ``master_url`` whose executors fit the workers, once all of them have registered."""
+        """A SparkSession on ``master_url`` whose executors fit the workers, once all of them have registered; on
+        a running cluster, once every executor's host has been seen to share the work folder."""
         from pyspark import SparkContext
 
         active = SparkContext._active_spark_context
         if active is not None:
             print(f"Stopping the active SparkContext ({active.master}): a process can have only one.")
             active.stop()
-        cores, memory_mb = self._executor_size()
+        cores, memory_mb, gpus = self._executor_size()
         executor_conf = {
             "spark.driver.memory": DRIVER_MEMORY,
             "spark.executor.cores": str(cores),
             "spark.executor.memory": f"{memory_mb}m",
             "spark.task.cpus": "1",
             "spark.cores.max": str(self.workers * cores),
+            **({"spark.executor.resource.gpu.amount": str(gpus)} if gpus else {}),
         }
         spark = get_spark(
             app_name=self.app_name,
@@ -522,20 +526,24 @@ class LocalCluster:
         )
         try:
             self._wait_for_executors(spark)
+            if self.connect_only:
+                check_shared_folder(spark, work_dir(self.work))
         except BaseException:
             spark.stop()
             raise
         return spark
 
-    def _executor_size(self) -> tuple[int, int]:
-        """Cores and heap (MB) of each executor: one executor fills one worker.
+    def _executor_size(self) -> tuple[int, int, int]:
+        """Cores, heap (MB) and GPUs of each executor.
 
-        Our own workers have ``cores_per_worker`` and ``memory_per_worker``. A running cluster's are read from its
-        master (the smallest alive worker), so an instructor's 8-core, 60 GB workers get executors of their size,
-        not 1 core and 512 MB; if the master's web UI cannot be read, the arguments are used, with a warning.
+        Our own workers get one executor each, of ``cores_per_worker`` and ``memory_per_worker``. On a running
+        cluster every executor is one task slot, one training process: one core (one GPU and its share of the cores
+        with GPU scheduling), and the heap that lets the smallest worker hold one executor per slot; so a worker
+        with 4 GPUs runs 4 training processes, and one with 2 cores beside a 1-core worker runs 2. The workers are
+        read from the master (``master_ui_url``); if it cannot be read, the arguments are used, with a warning.
         """
         if not self.connect_only:
-            return self.cores_per_worker, executor_memory_mb(self.worker_mb)
+            return self.cores_per_worker, executor_memory_mb(self.worker_mb), 0
         try:
             workers = [w for w in master_state(self.ui_url)["workers"] if w.get("state") == "ALIVE"]
         except (OSError, ValueError, KeyError) as exc:
@@ -548,20 +556,36 @@ class LocalCluster:
                 f"{self.worker_mb} MB per worker (pass master_ui_url=... or the workers' size).",
                 stacklevel=4,
             )
-            return self.cores_per_worker, executor_memory_mb(self.worker_mb)
-        return min(w["cores"] for w in workers), executor_memory_mb(min(w["memory"] for w in workers))
+            return self.cores_per_worker, executor_memory_mb(self.worker_mb), 0
+        return slot_executor_size(workers, float(self.spark_conf.get("spark.task.resource.gpu.amount", "0")) > 0)
 
     def _wait_for_executors(self, spark: SparkSession) -> None:
-        """Wait until the application has one executor per worker, so the first job already spreads over all."""
+        """Wait until the application has one executor per worker (per task slot on a running cluster), so the
+        first job already spreads over all."""
         deadline = time.monotonic() + self.start_timeout
         while executor_count(spark) < self.workers:
             if time.monotonic() > deadline:
-                where = f"the executor logs under {self.log_dir}" if self.log_dir else "its free cores and memory"
                 raise ClusterStartError(
-                    f"Timed out after {self.start_timeout:g} s waiting for {self.workers} executors on "
-                    f"{self.master_url}; check {where}."
+                    f"Timed out after {self.start_timeout:g} s: {executor_count(spark)} of {self.workers} executors "
+                    f"registered with the driver on {self.master_url}. {self._missing_executors_hint(spark)}"
                 )
             time.sleep(0.25)
+
+    def _missing_executors_hint(self, spark: SparkSession) -> str:
+        """What to check when executors do not register: the driver's address, or the cluster's free slots."""
+        if not self.connect_only:
+            return f"Check the executor logs under {self.log_dir}."
+        driver = f"{spark.conf.get('spark.driver.host')}:{spark.conf.get('spark.driver.port', '?')}"
+        try:
+            free = [(w["host"], w["coresfree"]) for w in master_state(self.ui_url)["workers"] if w["state"] == "ALIVE"]
+        except (OSError, ValueError, KeyError):
+            free = []
+        where = f"its alive workers have free cores {free}" if free else f"its web UI {self.ui_url} cannot be read"
+        return (
+            f"Executors call the driver back at {driver}: every worker must reach that address (set "
+            f"COURSE_DRIVER_HOST or COURSE_NETWORK_INTERFACE in runner.env to choose another); {where}, and each "
+            "executor needs one core and its memory (the workers' logs say which)."
+        )
 
     def _kill_processes(self) -> None:
         """SIGTERM every started process group and descendant, SIGKILL what is left after ``stop_timeout``, reap.
@@ -577,6 +601,26 @@ class LocalCluster:
             tree = stop_processes(tree, self.stop_timeout, (sig,))
         for daemon in daemons:
             daemon.process.wait(timeout=self.stop_timeout)
+
+
+def slot_executor_size(workers: list[dict[str, Any]], by_gpu: bool) -> tuple[int, int, int]:
+    """The size of an executor that is one task slot of a running cluster: cores, heap (MB) and GPUs.
+
+    Every worker then holds one executor per slot it offers: per core, or with GPU scheduling per GPU (with that
+    GPU's share of the worker's cores). The heap lets the smallest share of memory hold one executor.
+
+    Args:
+        workers: the alive workers as the master's JSON lists them (``cores``, ``memory`` in MB, ``resources``).
+        by_gpu: whether each task takes a GPU.
+
+    Returns:
+        ``(cores, memory_mb, gpus)`` of each executor.
+    """
+    gpus = [len(w.get("resources", {}).get("gpu", {}).get("addresses", [])) for w in workers]
+    slots = [max(1, g if by_gpu else w["cores"]) for w, g in zip(workers, gpus)]
+    cores = min(max(1, w["cores"] // n) for w, n in zip(workers, slots))
+    memory = min(w["memory"] // n for w, n in zip(workers, slots))
+    return cores, executor_memory_mb(memory), 1 if by_gpu else 0
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -13,6 +13,7 @@ from helpers.validation import check_flag, whole_number
 
 __all__ = [
     "accelerator_for",
+    "assigned_gpu",
     "describe_devices",
     "device_for_local_rank",
     "gpu_count",
@@ -91,6 +92,28 @@ def device_for_local_rank(local_rank: int, use_gpu: bool, cuda_count: int | None
             f"{count} process(es) per machine (HorovodRunner(np=-{max(count, 1)}), or one Spark task per GPU)."
         )
     return torch.device("cuda", local_rank)
+
+
+def assigned_gpu(local_rank: int) -> int:
+    """The GPU index of this process: the one Spark gave its task, else its index on the machine.
+
+    Under Horovod on Spark with GPU scheduling (``spark.task.resource.gpu.amount``), Spark assigns every task a GPU
+    and Horovod hands that assignment to the process (``horovod.spark.task.get_available_devices()``): another
+    application's tasks may hold the GPUs numbered like our local ranks. TorchDistributor instead restricts
+    ``CUDA_VISIBLE_DEVICES`` to the task's GPUs, so there ``local_rank`` (0) is right.
+
+    Args:
+        local_rank: the process's index on its machine, used when Spark assigned nothing.
+
+    Returns:
+        The CUDA device index to use.
+    """
+    try:
+        from horovod.spark.task import get_available_devices
+    except ImportError:
+        return local_rank
+    addresses = get_available_devices()
+    return int(addresses[0]) if addresses else local_rank
 
 
 def _bf16_supported(use_gpu: bool) -> bool:

@@ -28,8 +28,10 @@ from typing import Any
 
 from helpers import CourseInputError
 from helpers.jobs import STALL_HINT, STALL_TIMEOUT_ENV, JobError, JobFolder, ranked_call, run_job, stall_timeout_s
+from helpers.shared_storage import check_shared_folder
 from helpers.spark import check_gpu_per_task, configure_python_env, executor_count, task_slots
 from helpers.validation import whole_number
+from helpers.workdir import work_dir
 
 __all__ = [
     "DistributorError",
@@ -239,6 +241,8 @@ def run_with_distributor(
     spark = spark_session(spark)
     configure_python_env()
     num_processes, local_mode = distributor.num_processes, distributor.local_mode
+    if not local_mode:
+        check_shared_folder(spark, work_dir())
     job = JobFolder.create("torch_distributor")
     call = ranked_call(fn, job, threads_per_process(spark, num_processes, local_mode))
     watch = watched_job(spark, num_processes) if fail_fast and not local_mode else contextlib.nullcontext()

@@ -39,8 +39,11 @@ from helpers.jobs import (
     pin_threads,
     stall_timeout_s,
 )
+from helpers.network import INTERFACE_ENV, interface_for, is_loopback
+from helpers.shared_storage import check_shared_folder
 from helpers.spark import check_gpu_per_task, configure_python_env
 from helpers.validation import check_flag, one_of
+from helpers.workdir import work_dir
 
 __all__ = ["HorovodRunner", "HorovodWorkerError", "runner_class"]
 
@@ -328,6 +331,7 @@ class HorovodRunner:
             )
         if self.use_gpu:
             check_gpu_per_task(spark, f"HorovodRunner(np={self.np})")
+        check_shared_folder(spark, work_dir())
         slots = spark.sparkContext.defaultParallelism
         if self.num_processes > slots:
             warnings.warn(
@@ -347,8 +351,19 @@ class HorovodRunner:
         streams = {"stdout": sys.stdout, "stderr": sys.stderr} if self.driver_log_verbosity == "all" else {}
         with _quiet_cancelled_spark_job():
             return horovod.spark.run(
-                call, kwargs=kwargs, num_proc=self.num_processes, use_gloo=True, verbose=0, **streams
+                call, kwargs=kwargs, num_proc=self.num_processes, use_gloo=True, verbose=0, nics=_nics(), **streams
             )
+
+
+def _nics() -> set[str] | None:
+    """The interface Horovod's processes talk over on a cluster (:mod:`helpers.network`'s rule, the route from this
+    driver to the Spark master when no interface is named); None on loopback, where Horovod's probing finds ``lo``."""
+    from pyspark.sql import SparkSession
+
+    driver = SparkSession.getActiveSession().conf.get("spark.driver.host")
+    if os.environ.get(INTERFACE_ENV):
+        return {os.environ[INTERFACE_ENV]}
+    return None if is_loopback(driver) else {interface_for(driver)}
 
 
 @contextmanager

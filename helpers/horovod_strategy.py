@@ -22,6 +22,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from torch import Tensor
 from torch.optim import Optimizer
 
+from helpers.devices import assigned_gpu
 from helpers.validation import check_flag, one_of
 
 __all__ = ["HorovodStrategy"]
@@ -128,10 +129,11 @@ class HorovodStrategy(ParallelStrategy):
 
     @property
     def root_device(self) -> torch.device:
-        """``cuda:<local rank>`` on GPU (one GPU per process), else the accelerator's device (the CPU)."""
+        """On GPU the one GPU of this process (``cuda:<local rank>``, or the GPU Spark assigned to its task, see
+        :func:`helpers.devices.assigned_gpu`), else the accelerator's device (the CPU)."""
         devices = self.parallel_devices or [torch.device("cpu")]
         if devices[0].type == "cuda":
-            return torch.device("cuda", self.local_rank)
+            return torch.device("cuda", assigned_gpu(self.local_rank))
         return devices[0]
 
     @property

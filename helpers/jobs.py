@@ -29,6 +29,8 @@ from typing import Any
 
 import cloudpickle
 
+from helpers.network import pin_interface
+from helpers.spark import worker_env
 from helpers.validation import whole_number
 from helpers.workdir import work_dir
 
@@ -392,9 +394,10 @@ class WorkerCall:
         rank_env: the environment variable holding the process's global rank (``HOROVOD_RANK``, ``RANK``).
         setup: called first in the process (a launcher's own preparations), or None.
 
-    The driver's MLflow credentials for a Databricks workspace (:func:`worker_credentials`) are
-    taken when the call is made and set in every process, so that rank 0 can log from a Spark task; the driver's
-    active experiment and run ids are removed.
+    The driver's MLflow credentials for a Databricks workspace (:func:`worker_credentials`) and the variables of
+    the parameter file's ``runner.env`` (:func:`helpers.spark.worker_env`) are taken when the call is made and set
+    in every process, so that rank 0 can log from a Spark task; the driver's active experiment and run ids are
+    removed; Gloo and NCCL get the interface that :func:`helpers.network.pin_interface` chooses.
     """
 
     def __init__(self, fn: Callable[..., Any], job: JobFolder, rank_env: str, setup: Callable[[], None] | None = None):
@@ -402,13 +405,14 @@ class WorkerCall:
         self.job_path = str(job.path)
         self.rank_env = rank_env
         self.setup = setup
-        self.env = worker_credentials()
+        self.env = {**worker_env(), **worker_credentials()}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         for name in _DRIVER_ONLY_ENV:
             os.environ.pop(name, None)
         os.environ.update(self.env)
         os.environ[JOB_DIR_ENV] = self.job_path
+        pin_interface()
         if self.setup is not None:
             self.setup()
         try:

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from helpers import CourseInputError
 from helpers.data import IMAGE_EXTENSIONS, class_folders
+from helpers.spark import spark_path
 from helpers.validation import one_of, whole_number
 from helpers.workdir import work_dir
 
@@ -141,7 +142,7 @@ def read_images(spark, data_dir: str | os.PathLike):
 
     classes = class_folders(data_dir)
     root = Path(data_dir).resolve()
-    files = spark.read.format("binaryFile").load(f"{root}/*/*")
+    files = spark.read.format("binaryFile").load(spark_path(root) + "/*/*")
     ext = F.lower(F.regexp_extract("path", r"(\.[^./]+)$", 1))
     is_image = ext.isin(list(IMAGE_EXTENSIONS))
     counts = files.select(F.sum(F.when(is_image, 0).otherwise(1)).alias("other")).first()
@@ -190,7 +191,7 @@ def write_table(spark, df, table_path: str | os.PathLike, mode: str = "overwrite
     one_of("mode", mode, ("overwrite", "append"))
     path = str(table_path)
     if _has_native_delta(spark):
-        df.write.format("delta").mode(mode).save(path)
+        df.write.format("delta").mode(mode).save(spark_path(path))
     else:
         from deltalake import write_deltalake
 
@@ -211,7 +212,7 @@ def _delta_rs_table(path: str):
 def _latest_version(spark, path: str) -> int:
     """The table's current version."""
     if _has_native_delta(spark):
-        return int(spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()["version"])
+        return int(spark.sql(f"DESCRIBE HISTORY delta.`{spark_path(path)}` LIMIT 1").first()["version"])
     return _delta_rs_table(path).version()
 
 
@@ -241,11 +242,11 @@ def read_table(spark, table_path: str | os.PathLike, version: int | None = None)
         reader = spark.read.format("delta")
         if version is not None:
             reader = reader.option("versionAsOf", version)
-        return reader.load(path)
+        return reader.load(spark_path(path))
     table = _delta_rs_table(path)
     if version is not None:
         table.load_as_version(version)
-    return spark.read.schema(_spark_schema()).parquet(*table.file_uris())
+    return spark.read.schema(_spark_schema()).parquet(*map(spark_path, table.file_uris()))
 
 
 def _spark_schema():
@@ -271,7 +272,7 @@ def table_history(spark, table_path: str | os.PathLike) -> pd.DataFrame:
     """
     path = str(table_path)
     if _has_native_delta(spark):
-        history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").toPandas()
+        history = spark.sql(f"DESCRIBE HISTORY delta.`{spark_path(path)}`").toPandas()
         return history[["version", "timestamp", "operation", "operationParameters"]]
     history = pd.DataFrame(_delta_rs_table(path).history())
     history["timestamp"] = pd.to_datetime(history["timestamp"], unit="ms", utc=True)

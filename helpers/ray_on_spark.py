@@ -47,8 +47,10 @@ from ray.util.spark.start_hook_base import RayOnSparkStartHook
 
 from helpers import CourseInputError
 from helpers.processes import process_tree, stop_processes
+from helpers.shared_storage import check_shared_folder
 from helpers.spark import executor_count, task_slots
 from helpers.validation import whole_number
+from helpers.workdir import work_dir
 
 __all__ = ["Listener", "RayOnSpark", "RayStartError", "listening_sockets", "ray_cluster"]
 
@@ -313,6 +315,7 @@ def ray_cluster(
     workers = _worker_count(spark, workers, cpus_per_worker)
     if ray.is_initialized() or cluster_init._active_ray_cluster is not None:
         raise CourseInputError("Ray is already running in this process: leave its block (or ray.shutdown()) first.")
+    check_shared_folder(spark, work_dir())  # Ray Train's rank 0 leaves its result there; Ray then holds the slots
     cluster = RayOnSpark("", workers, cpus_per_worker, _temp_root())
     try:
         with _driver_setup(_on_loopback(spark)):

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from helpers import CourseInputError
+from helpers.network import driver_address
 from helpers.validation import whole_number
 from helpers.workdir import work_dir
 
@@ -24,10 +25,58 @@ __all__ = [
     "executor_count",
     "find_java_home",
     "get_spark",
+    "spark_path",
     "task_slots",
+    "worker_env",
 ]
 
 _PETASTORM_CACHE_CONF = "petastorm.spark.converter.parentCacheDirUrl"
+WORKER_ENV_NAMES = "COURSE_WORKER_ENV"  # names (comma-separated) of the variables every executor gets (runner.env)
+LOOPBACK = "127.0.0.1"  # a local session's driver and executors: this machine only
+
+
+def worker_env() -> dict[str, str]:
+    """The driver's variables that every executor, and so every training process, gets as well.
+
+    The course runner lists the names of a parameter file's ``runner.env`` (``TORCH_HOME``, the stall bound,
+    ``COURSE_NETWORK_INTERFACE``...) in ``COURSE_WORKER_ENV``; the work directory always goes along.
+
+    Returns:
+        ``{name: value}`` for those set on the driver.
+    """
+    names = {"COURSE_WORK_DIR", *os.environ.get(WORKER_ENV_NAMES, "").split(",")}
+    return {name: os.environ[name] for name in sorted(names) if name and os.environ.get(name) is not None}
+
+
+def spark_path(path: str | os.PathLike) -> str:
+    """A path of the shared file system as Spark must be given it to read the same files on every host.
+
+    Spark resolves a path without a scheme against the cluster's default file system: HDFS on YARN, DBFS on
+    Databricks. So a local (or NFS-mounted) path becomes ``file://...``; Databricks' FUSE path ``/dbfs/x`` becomes
+    ``dbfs:/x``; a Unity Catalog volume (``/Volumes/...``) and anything with a scheme (``s3://``) stay as they are.
+
+    Args:
+        path: the path.
+
+    Returns:
+        The path for Spark.
+    """
+    text = str(path)
+    if "://" in text or text.startswith(("dbfs:", "file:", "/Volumes/")):
+        return text
+    if text.startswith("/dbfs/"):
+        return "dbfs:" + text.removeprefix("/dbfs")
+    return "file://" + str(Path(text).resolve())
+
+
+def _network_conf(master: str | None) -> dict[str, str]:
+    """Where the driver listens and what it tells executors to call back: loopback for a local session or a master
+    on loopback; on a cluster of several hosts, the address this host reaches the master from
+    (:func:`helpers.network.driver_address`)."""
+    host = master.removeprefix("spark://").rsplit(":", 1)[0] if master and master.startswith("spark://") else None
+    address = LOOPBACK if host is None or host in ("127.0.0.1", "localhost") else driver_address(host)
+    os.environ["SPARK_LOCAL_IP"] = address
+    return {"spark.driver.host": address, "spark.driver.bindAddress": address}
 
 
 def find_java_home() -> Path:
@@ -217,24 +266,26 @@ def get_spark(
         spark = active
     else:
         os.environ["JAVA_HOME"] = str(find_java_home())
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         configure_python_env()
         cores = cores or os.cpu_count() or 2
+        conf = {
+            **_network_conf(master),
+            **{f"spark.executorEnv.{name}": value for name, value in worker_env().items()},
+            **(extra_conf or {}),
+        }
         builder = (
             SparkSession.builder.appName(app_name)
             .master(master or f"local[{cores}]")
             .config("spark.driver.memory", driver_memory())
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.bindAddress", "127.0.0.1")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.shuffle.partitions", str(2 * cores))
             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
             .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
             .config("spark.sql.session.timeZone", "UTC")
         )
-        for key, value in (extra_conf or {}).items():
+        for key, value in conf.items():
             builder = builder.config(key, str(value))
-        with _no_lasting_properties(extra_conf or {}):
+        with _no_lasting_properties(conf):
             spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel(log_level)
     if not spark.conf.get(_PETASTORM_CACHE_CONF, None):

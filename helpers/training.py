@@ -29,6 +29,7 @@ from torch.nn import functional as F
 
 from helpers import CourseInputError
 from helpers.jobs import record_mlflow_run
+from helpers.network import pin_interface
 from helpers.tracking import run_name as new_run_name
 from helpers.tracking import setup_mlflow
 from helpers.validation import check_flag, whole_number
@@ -440,6 +441,7 @@ def train(
     if default_dir is None:
         default_dir = Path(ckpt_restore).parent if ckpt_restore is not None else work_path("checkpoints", run_name)
     callbacks = _Callbacks.create(default_dir, stopping)
+    pin_interface()  # under torchrun (MASTER_ADDR set): Gloo and NCCL on the interface that reaches the other hosts
     placement = {"accelerator": accelerator, "devices": devices, "num_nodes": num_nodes, "precision": precision}
     trainer = pl.Trainer(
         **placement,

@@ -75,6 +75,7 @@ SPREAD = ("test_notebooks.py", "test_without_horovod.py")
 COSTLY_FIRST = (
     "test_notebooks.py",
     "test_without_horovod.py",
+    "multihost",
     "cluster_session",
     "ray_session",
     "test_analysis.py",
@@ -86,7 +87,7 @@ COSTLY_FIRST = (
 )
 
 
-SESSIONS = ("cluster_session", "ray_session")  # session fixtures whose tests span modules
+SESSIONS = ("multihost", "cluster_session", "ray_session")  # session fixtures whose tests span modules
 
 
 def xdist_group(item: pytest.Item) -> str:
@@ -122,6 +123,22 @@ def work_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     writes its checkpoints, MLflow store and job reports under the test's ``tmp_path``."""
     monkeypatch.setenv("COURSE_WORK_DIR", str(tmp_path))
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def multihost():
+    """The cluster of separate hosts (helpers.multihost: spark-master, worker-1 with 2 cores, worker-2 with 1, driver,
+    mlflow), started once on the xdist worker that runs the tests needing it and torn down at the end, also when a
+    test fails; skipped, with the reason, where namespaces cannot be made (not root)."""
+    from helpers.multihost import MultiHostCluster, namespaces_available
+
+    reason = namespaces_available()
+    if reason:
+        pytest.skip(reason)
+    shared = _SESSION / "multihost-shared"
+    shared.mkdir()
+    with MultiHostCluster(worker_cores=(2, 1), shared=shared) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from helpers import CourseInputError
-from helpers.cluster import ClusterStartError, LocalCluster, executor_memory_mb, parse_memory_mb
+from helpers.cluster import ClusterStartError, LocalCluster, executor_memory_mb, parse_memory_mb, slot_executor_size
 from tests.processes import alive, driver_errors, processes_of, run_driver, start_driver
 
 # Generous: cluster start takes 15-40 s on 2 busy cores.
@@ -216,4 +216,15 @@ def test_connecting_where_the_masters_ui_cannot_be_read_sizes_executors_from_the
         master_ui_url="http://127.0.0.1:1",
     )
     with pytest.warns(UserWarning, match=r"web UI http://127.0.0.1:1 cannot be read"):
-        assert guest._executor_size() == (3, executor_memory_mb(2048))
+        assert guest._executor_size() == (3, executor_memory_mb(2048), 0)
+
+
+def test_on_a_running_cluster_every_task_slot_gets_an_executor_whatever_each_worker_offers():
+    # The guide's reference set-up: 2 workers of 8 cores, 4 GPUs and 60 GB; one executor (one training process)
+    # per GPU, each with 2 cores: 8 executors, not 2 with 6 GPUs idle.
+    gpu = {"gpu": {"name": "gpu", "addresses": ["0", "1", "2", "3"]}}
+    big = [{"cores": 8, "memory": 61440, "resources": gpu}] * 2
+    assert slot_executor_size(big, by_gpu=True) == (2, executor_memory_mb(15360), 1)
+    # On the CPU a 2-core worker beside a 1-core one holds 2 one-core executors, each fitting its memory share.
+    mixed = [{"cores": 2, "memory": 1536, "resources": {}}, {"cores": 1, "memory": 1536, "resources": {}}]
+    assert slot_executor_size(mixed, by_gpu=False) == (1, executor_memory_mb(768), 0)

@@ -106,3 +106,12 @@ def test_use_gpu_reaches_the_trainer_settings(monkeypatch, launcher):
         assert (calls["devices"], calls["num_nodes"]) == (1, 2)
     else:
         assert type(calls["strategy"]).__name__ == "HorovodStrategy"
+
+
+def test_a_horovod_process_on_spark_takes_the_gpu_spark_assigned_to_its_task(monkeypatch):
+    task_info = pytest.importorskip("horovod.spark.task.task_info")
+    from helpers.devices import assigned_gpu
+
+    assert assigned_gpu(1) == 1  # no Spark assignment: its index on the machine
+    monkeypatch.setattr(task_info._info, "resources", {"gpu": type("Gpu", (), {"addresses": ["3"]})()})
+    assert assigned_gpu(0) == 3

@@ -93,3 +93,13 @@ def test_a_missing_table_is_a_clear_error(spark, tmp_path: Path):
             read(spark, tmp_path / "nothing here")
     with pytest.raises(CourseInputError, match="^mode='merge': use one of 'overwrite', 'append'"):
         write_table(spark, None, tmp_path / "t", mode="merge")
+
+
+def test_paths_handed_to_spark_carry_their_scheme(tmp_path):
+    from helpers.spark import spark_path
+
+    # without a scheme Spark would resolve them against the cluster's default file system (HDFS, DBFS)
+    assert spark_path(tmp_path / "lake") == f"file://{tmp_path.resolve()}/lake"
+    assert spark_path("/dbfs/course-work/lake") == "dbfs:/course-work/lake"
+    for kept in ("/Volumes/main/course/work/lake", "s3://bucket/lake", "file:///data/lake", "dbfs:/x"):
+        assert spark_path(kept) == kept

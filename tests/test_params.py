@@ -23,7 +23,7 @@ from helpers.workdir import REPO_ROOT
 
 PARAM_FILES = sorted((REPO_ROOT / "params").glob("*.yaml"))
 SOLUTIONS = solution_notebooks()
-CLUSTER_FILES = [p for p in PARAM_FILES if p.stem != "laptop"]
+CLUSTER_FILES = [p for p in PARAM_FILES if p.stem not in ("laptop", "multihost")]  # GPU clusters, real data
 
 
 def _literal_assignments(source: str) -> dict[str, object]:

@@ -57,6 +57,7 @@ __all__ = [
     "command",
     "declared_parameters",
     "execute",
+    "kernel_env",
     "load_params",
     "notebook_parameters",
     "papermill_command",
@@ -508,6 +509,19 @@ def execute(
     return Execution(process.returncode, timed_out, (log or "").strip()[-2000:])
 
 
+def kernel_env(params: ParamFile) -> dict[str, str]:
+    """The variables a notebook's kernel gets: the parameter file's ``runner.env``, and their names in
+    ``COURSE_WORKER_ENV`` so that a cluster session hands them on to every executor (:func:`helpers.spark.worker_env`).
+
+    Args:
+        params: the loaded parameter file.
+
+    Returns:
+        The variables to add to the kernel's environment.
+    """
+    return {**params.env, "COURSE_WORKER_ENV": ",".join(params.env)}
+
+
 def run(
     params_path: str | os.PathLike,
     out: str | os.PathLike = "build",
@@ -555,7 +569,7 @@ def run(
         print(f"== {notebook.stem} -> {target}", flush=True)
         started = time.monotonic()
         result = execute(
-            notebook, target, parameters=values, kernel=params.kernel, cwd=notebook.parent, env=params.env,
+            notebook, target, parameters=values, kernel=params.kernel, cwd=notebook.parent, env=kernel_env(params),
             cell_timeout=params.cell_timeout_s,
         )  # fmt: skip
         if result.failed:
