@@ -1,11 +1,12 @@
 """``python -m benchmarks`` (``make bench``): run every benchmark, write ``results.md`` and ``results.json``.
 
 Parts: 1 ``loading`` (the Petastorm loaders at 32 and 224 px), 2 ``lightning``, 3 ``horovod``, 4 ``course``,
-5 ``grading``, 6 ``launchers`` (Ray Train, TorchDistributor and Horovod on a 2-worker local cluster).
+5 ``grading``, 6 ``launchers`` (Ray Train, TorchDistributor and Horovod on a 2-worker local cluster), 7 ``multihost``
+(lesson 4's TorchDistributor training on a cluster of separate hosts vs the local cluster; needs root).
 
 Options: ``--repeats N`` (at least 5), ``--quick`` (tiny sizes, and one repetition of part 6: checks that everything
 runs, measures nothing useful; writes to ``benchmarks/out/`` instead),
-``--only loading,lightning,horovod,course,grading,launchers`` (default all),
+``--only loading,lightning,horovod,course,grading,launchers,multihost`` (default all),
 ``--notebooks all|none|NAME,NAME`` (part 4: the solution notebooks to execute once each; default all),
 ``--class-size N`` (part 5: how many lesson-1 submissions are graded, sequentially and with ``--jobs 2``; default 20).
 A run with ``--only`` writes a report of those parts alone: merge it into ``results.md`` by hand.
@@ -22,7 +23,7 @@ import warnings
 from benchmarks.common import BENCH_DIR, MIN_REPEATS, Comparison, Measurement, machine_info, write_report
 
 REPO = BENCH_DIR.parent
-PARTS = ("loading", "lightning", "horovod", "course", "grading", "launchers")
+PARTS = ("loading", "lightning", "horovod", "course", "grading", "launchers", "multihost")
 
 
 def log(message: str) -> None:
@@ -119,6 +120,13 @@ def main(argv: list[str] | None = None) -> int:
             results += bench.run(args.repeats, log=log)
         finally:
             bench.close()
+        missing += bench.missing
+    if "multihost" in parts:
+        from benchmarks.cluster_path import ClusterPathBench
+
+        part("== 7. the cluster path across hosts")
+        bench = ClusterPathBench(1 if q else args.repeats, 1 if q else 3, BENCH_DIR / "out")
+        results += bench.run(log=log)
         missing += bench.missing
     total = time.perf_counter() - started
     machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]

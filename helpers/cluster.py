@@ -203,8 +203,11 @@ class LocalCluster:
     all those executors have registered (or raises ``ClusterStartError`` after ``start_timeout`` seconds).
 
     With ``master_url`` (``spark://HOST:PORT``, an instructor's cluster) nothing is started and on exit only the
-    session is stopped; ``workers`` executors are asked of that cluster, each the size of its smallest worker as its
-    master reports (``master_ui_url``, by default port 8080 of the master's host). ``spark_conf`` adds
+    session is stopped; ``workers`` executors are asked of that cluster, each one task slot (one core, or one GPU
+    and its share of the cores) as its master reports the workers (``master_ui_url``, by default port 8080 of the
+    master's host: :func:`slot_executor_size`), the driver advertises the address that routes to the master
+    (:mod:`helpers.network`), and before ``start()`` returns every executor's host has been seen to share the work
+    folder (:func:`helpers.shared_storage.check_shared_folder`). ``spark_conf`` adds
     Spark properties to the application (and may override the executor sizing): failure handling such as
     ``spark.task.maxFailures``, GPU scheduling such as ``spark.task.resource.gpu.amount``, shared storage.
 
@@ -235,7 +238,10 @@ class LocalCluster:
                 f"memory_per_worker={memory_per_worker!r} is below Spark's minimum for a worker: use at least '512m'."
             )
         if master_url is not None and not re.match(r"^spark://[^/:]+:\d+$", master_url):
-            raise CourseInputError(f"master_url={master_url!r} is not a standalone master: use 'spark://HOST:PORT'.")
+            raise CourseInputError(
+                f"master_url={master_url!r} is not a standalone master: use 'spark://HOST:PORT' (on YARN or Kubernetes "
+                "start the kernel with a session on the cluster and leave SPARK_MASTER None: docs/instructor.md)."
+            )
         self.workers = workers
         self.cores_per_worker = cores_per_worker
         self.app_name = app_name

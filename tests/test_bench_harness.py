@@ -47,7 +47,7 @@ def test_alternate_minimum_is_lowered_only_on_request():
 def test_bench_parts_are_listed_in_the_docstring():
     import benchmarks.__main__ as bench_main
 
-    assert bench_main.PARTS == ("loading", "lightning", "horovod", "course", "grading", "launchers")
+    assert bench_main.PARTS == ("loading", "lightning", "horovod", "course", "grading", "launchers", "multihost")
     assert all(f"``{part}``" in bench_main.__doc__ for part in bench_main.PARTS)  # the parts and the --only list
 
 
