@@ -207,7 +207,8 @@ class LocalCluster:
     and its share of the cores) as its master reports the workers (``master_ui_url``, by default port 8080 of the
     master's host: :func:`slot_executor_size`), the driver advertises the address that routes to the master
     (:mod:`helpers.network`), and before ``start()`` returns every executor's host has been seen to share the work
-    folder (:func:`helpers.shared_storage.check_shared_folder`). ``spark_conf`` adds
+    folder (:func:`helpers.shared_storage.check_shared_folder`; ``check_shared=False`` leaves that to the caller,
+    as the preflight does). ``spark_conf`` adds
     Spark properties to the application (and may override the executor sizing): failure handling such as
     ``spark.task.maxFailures``, GPU scheduling such as ``spark.task.resource.gpu.amount``, shared storage.
 
@@ -229,6 +230,7 @@ class LocalCluster:
         stop_timeout: float = 15.0,
         spark_conf: dict[str, str] | None = None,
         master_ui_url: str | None = None,
+        check_shared: bool = True,
     ) -> None:
         workers = whole_number("workers", workers)
         cores_per_worker = whole_number("cores_per_worker", cores_per_worker)
@@ -250,6 +252,7 @@ class LocalCluster:
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.connect_only = master_url is not None
+        self.check_shared = check_shared
         self.master_url: str | None = master_url
         self.ui_url: str | None = master_ui_url or (_default_ui_url(master_url) if master_url else None)
         self.log_dir: Path | None = None
@@ -532,7 +535,7 @@ class LocalCluster:
         )
         try:
             self._wait_for_executors(spark)
-            if self.connect_only:
+            if self.connect_only and self.check_shared:
                 check_shared_folder(spark, work_dir(self.work))
         except BaseException:
             spark.stop()

@@ -39,7 +39,7 @@ from helpers.jobs import (
     pin_threads,
     stall_timeout_s,
 )
-from helpers.network import INTERFACE_ENV, interface_for, is_loopback
+from helpers.network import INTERFACE_ENV
 from helpers.shared_storage import check_shared_folder
 from helpers.spark import check_gpu_per_task, configure_python_env
 from helpers.validation import check_flag, one_of
@@ -356,14 +356,11 @@ class HorovodRunner:
 
 
 def _nics() -> set[str] | None:
-    """The interface Horovod's processes talk over on a cluster (:mod:`helpers.network`'s rule, the route from this
-    driver to the Spark master when no interface is named); None on loopback, where Horovod's probing finds ``lo``."""
-    from pyspark.sql import SparkSession
-
-    driver = SparkSession.getActiveSession().conf.get("spark.driver.host")
-    if os.environ.get(INTERFACE_ENV):
-        return {os.environ[INTERFACE_ENV]}
-    return None if is_loopback(driver) else {interface_for(driver)}
+    """The interface Horovod's processes talk over: the one the parameter file names (``COURSE_NETWORK_INTERFACE``,
+    see :mod:`helpers.network`); else None, and Horovod keeps the interfaces over which every task reached every
+    other in its own probe (it never trusts what a hostname resolves to, and a driver's interface name may differ
+    from the workers')."""
+    return {os.environ[INTERFACE_ENV]} if os.environ.get(INTERFACE_ENV) else None
 
 
 @contextmanager

@@ -25,8 +25,10 @@ host of its own on this machine (needs root, or CAP_SYS_ADMIN and CAP_NET_ADMIN)
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ipaddress
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -34,7 +36,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -228,6 +230,61 @@ class MultiHostCluster:
         )  # fmt: skip
         return done.stdout
 
+    @contextlib.contextmanager
+    def without_shared_folder(self, host: str) -> Iterator[None]:
+        """While the block runs, ``host`` has no shared mount: an empty folder of its own at :data:`SHARED_MOUNT`
+        (a tmpfs over it), as on a worker where the NFS mount failed; writes there stay on the host."""
+        enter = ["nsenter", "--target", str(self.hosts[host].pid), "--mount", "--pid", "--"]
+        subprocess.run([*enter, "mount", "-t", "tmpfs", "tmpfs", SHARED_MOUNT], check=True)
+        try:
+            yield
+        finally:
+            subprocess.run([*enter, "umount", SHARED_MOUNT], check=True)
+
+    @contextlib.contextmanager
+    def name_resolving_to_loopback(self, host: str) -> Iterator[None]:
+        """While the block runs, ``host``'s own name resolves to 127.0.1.1 there, as on a stock Debian or Ubuntu
+        host (``/etc/hosts`` is rewritten in place: the host sees it through a bind mount)."""
+        hosts_file = NETNS_ETC / self.hosts[host].netns / "hosts"
+        original = hosts_file.read_text()
+        with open(hosts_file, "w") as rewritten:
+            rewritten.write(original.replace(f"{self.hosts[host].address} {host}\n", f"127.0.1.1 {host}\n"))
+        try:
+            yield
+        finally:
+            with open(hosts_file, "w") as restored:
+                restored.write(original)
+
+    @contextlib.contextmanager
+    def package_version(self, host: str, distribution: str, version: str) -> Iterator[None]:
+        """While the block runs, ``host`` reports ``version`` for the installed ``distribution`` (its ``METADATA``
+        replaced there by a bind mount), as a worker whose environment was installed apart from the driver's."""
+        from importlib import metadata
+
+        real = next(f for f in metadata.distribution(distribution).files or [] if f.name == "METADATA").locate()
+        fake = self.shared / f".fault-{host}-{distribution}-METADATA"
+        fake.write_text(re.sub(r"(?m)^Version: .*$", f"Version: {version}", Path(real).read_text()))
+        enter = ["nsenter", "--target", str(self.hosts[host].pid), "--mount", "--pid", "--"]
+        subprocess.run([*enter, "mount", "--bind", f"{SHARED_MOUNT}/{fake.name}", str(real)], check=True)
+        try:
+            yield
+        finally:
+            subprocess.run([*enter, "umount", str(real)], check=True)
+            fake.unlink()
+
+    @contextlib.contextmanager
+    def mlflow_down(self) -> Iterator[None]:
+        """While the block runs, the MLflow server is not running (every process of its host killed); it is started
+        again afterwards, on the same store."""
+        enter = ["nsenter", "--target", str(self.hosts["mlflow"].pid), "--pid", "--mount", "--"]
+        subprocess.run([*enter, "kill", "-KILL", "-1"], check=False)  # all but the host's PID 1 and kill itself
+        self.services.pop("mlflow").wait(timeout=30)
+        try:
+            yield
+        finally:
+            self._start_mlflow()
+            self._wait_for_services()
+
     def processes(self, host: str) -> list[str]:
         """The command lines of every process on ``host`` (its own ``/proc``)."""
         out = self.check_output(host, ["ps", "-eo", "args", "--no-headers"])
@@ -350,6 +407,11 @@ class MultiHostCluster:
                  str(cores), "--memory", self.worker_memory, "--work-dir", "/tmp/spark-worker", self.master_url],
                 {**spark_env, "SPARK_LOCAL_IP": host.address},
             )  # fmt: skip
+        self._start_mlflow()
+        self._wait_for_services()
+
+    def _start_mlflow(self) -> None:
+        """The MLflow tracking server on its host, its store and artifacts on that host's own disk."""
         self._service(
             "mlflow",
             [sys.executable, "-m", "mlflow", "server", "--host", self.hosts["mlflow"].address, "--port",
@@ -357,7 +419,6 @@ class MultiHostCluster:
              "--artifacts-destination", "/tmp/mlflow-artifacts", "--allowed-hosts", "*"],
             {},
         )  # fmt: skip
-        self._wait_for_services()
 
     def _service(self, host: str, argv: list[str], env: dict[str, str]) -> None:
         """Start a long-running service on ``host``, its output in ``log_dir/<host>.log``."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from helpers import CourseInputError
 from helpers.network import is_loopback
 
-__all__ = ["SharedFolderError", "check_shared_folder"]
+__all__ = ["SharedFolderError", "check_shared_folder", "shared_folder_report"]
 
 CHECK_DIR = ".shared-check"
 
@@ -43,42 +43,60 @@ def _probe(folder: str, token: str):
     return probe
 
 
-def check_shared_folder(spark, folder: str | os.PathLike, tasks: int | None = None) -> list[str]:
-    """Check that every executor's host sees ``folder`` as the driver does; raise naming the first that does not.
+def shared_folder_report(spark, folder: str | os.PathLike, tasks: int | None = None) -> dict[str, str]:
+    """What every executor's host finds in ``folder``: ``{host: ""}`` where it shares the driver's folder, else
+    ``{host: the problem}``.
 
     Args:
         spark: a SparkSession on a cluster (in local mode, or on a cluster on loopback, there is nothing to check:
-            returns at once).
+            returns ``{}``).
         folder: the folder (the work directory).
         tasks: how many tasks, all at once (a barrier job): default every task slot, so every executor runs one.
 
     Returns:
-        The hosts that were checked.
-
-    Raises:
-        SharedFolderError: a host does not see the driver's file, or cannot write there, with the fix.
+        The problem each host has ("" for none).
     """
     from helpers.spark import executor_count, task_slots
 
     if executor_count(spark) < 1 or is_loopback(spark.conf.get("spark.driver.host")):
-        return []  # local mode, or a cluster on this machine's loopback: one file system
+        return {}  # local mode, or a cluster on this machine's loopback: one file system
     folder = Path(folder)
     token = uuid.uuid4().hex
     (folder / CHECK_DIR).mkdir(parents=True, exist_ok=True)
     (folder / CHECK_DIR / token).write_text(token)
     tasks = tasks or task_slots(spark)
+    found: dict[str, str] = {}
     try:
         rdd = spark.sparkContext.parallelize(range(tasks), tasks)
-        answers = rdd.barrier().mapPartitions(_probe(str(folder), token)).collect()
-        for host, problem, written in answers:
+        for host, problem, written in rdd.barrier().mapPartitions(_probe(str(folder), token)).collect():
             if not problem and not Path(written).exists():
                 problem = "what it wrote there does not reach the driver"
-            if problem:
-                raise SharedFolderError(
-                    f"{host} does not share {folder} with the driver ({socket.gethostname()}): {problem}. Mount the "
-                    "shared folder at the same path on every host, or set WORK_DIR to a folder all of them share."
-                )
-        return sorted({host for host, _, _ in answers})
+            found[host] = found.get(host) or problem
+        return found
     finally:
         for leftover in (folder / CHECK_DIR).glob(f"{token}*"):
             leftover.unlink(missing_ok=True)
+
+
+def check_shared_folder(spark, folder: str | os.PathLike, tasks: int | None = None) -> list[str]:
+    """Check that every executor's host sees ``folder`` as the driver does (:func:`shared_folder_report`).
+
+    Args:
+        spark: the SparkSession.
+        folder: the folder (the work directory).
+        tasks: how many tasks (default: every task slot).
+
+    Returns:
+        The hosts that were checked (none in local mode).
+
+    Raises:
+        SharedFolderError: a host does not see the driver's file, or cannot write there, with the fix.
+    """
+    found = shared_folder_report(spark, folder, tasks)
+    for host, problem in sorted(found.items()):
+        if problem:
+            raise SharedFolderError(
+                f"{host} does not share {folder} with the driver ({socket.gethostname()}): {problem}. Mount the "
+                "shared folder at the same path on every host, or set WORK_DIR to a folder all of them share."
+            )
+    return sorted(found)

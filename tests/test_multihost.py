@@ -11,15 +11,17 @@ resolves to 127.0.1.1 included), and lessons 4, 5 (ON_SPARK) and 6 running end t
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
+from importlib import metadata
 
 import pytest
 
 from helpers.course.build import read_notebook, structure
 from helpers.course.checks import LOG_ENV, PASSED
+from helpers.devices import horovod_installed
 from helpers.multihost import SHARED_MOUNT, MultiHostCluster, leftovers, namespaces_available
 from helpers.workdir import REPO_ROOT
 
@@ -57,17 +59,9 @@ def test_every_host_is_a_host_of_its_own(multihost):
 
 
 def test_the_driver_is_reached_on_its_own_address_and_executors_follow_the_slots(multihost):
-    hosts = multihost.hosts["worker-2"].netns
-    hosts_file = Path("/etc/netns") / hosts / "hosts"
-    original = hosts_file.read_text()
-    # worker-2 as stock Debian names itself: left to itself, torch's Gloo would bind to 127.0.1.1 there
-    with open(hosts_file, "w") as rewritten:  # in place: the host sees this file through a bind mount
-        rewritten.write(original.replace(f"{multihost.hosts['worker-2'].address} worker-2", "127.0.1.1 worker-2"))
-    try:
+    # worker-2 names itself as stock Debian does: left to itself, torch's Gloo would bind to 127.0.1.1 there
+    with multihost.name_resolving_to_loopback("worker-2"):
         report, out = driver_report(multihost)
-    finally:
-        with open(hosts_file, "w") as restored:
-            restored.write(original)
     assert report is not None, out[-4000:]
     assert report["driver_host"] == multihost.hosts["driver"].address
     assert Counter(host for host, _ in report["tasks"]) == {"worker-1": 2, "worker-2": 1}
@@ -79,19 +73,15 @@ def test_the_driver_is_reached_on_its_own_address_and_executors_follow_the_slots
         (3, 6.0, "from-the-driver", "eth0")
     }
     assert "127.0.1.1" in {rank["resolves_to"] for rank in ranks if rank["host"] == "worker-2"}
+    if horovod_installed():
+        assert (report["horovod"]["size"], report["horovod"]["sum"]) == (3, 6.0)
 
 
 def test_a_worker_without_the_shared_folder_is_named_before_anything_runs(multihost):
-    target = multihost.hosts["worker-2"].pid
-    unmount = ["nsenter", "--target", str(target), "--mount", "umount", SHARED_MOUNT]
-    remount = ["nsenter", "--target", str(target), "--mount", "mount", "--bind", str(multihost.shared), SHARED_MOUNT]
-    subprocess.run(unmount, check=True)
-    try:
+    with multihost.without_shared_folder("worker-2"):
         report, out = driver_report(multihost)
-    finally:
-        subprocess.run(remount, check=True)
     assert report is None
-    error = next(line for line in out.splitlines() if "SharedFolderError" in line)
+    error = next(line for line in out.splitlines() if line.startswith("helpers.shared_storage.SharedFolderError: "))
     assert f"worker-2 does not share {WORK} with the driver (driver)" in error, error
 
 
@@ -139,3 +129,52 @@ def test_a_cluster_is_torn_down_after_an_error_and_on_sigterm(tmp_path):
         cluster_id = done.stdout.split()[0]
         assert done.returncode != 0
         assert leftovers(cluster_id) == [], how
+
+
+def preflight(cluster: MultiHostCluster, params: str = "params/multihost.yaml") -> tuple[int, dict, str]:
+    """``python -m helpers.course preflight`` on the driver host: its exit status, its rows by (item, host) as
+    (result, found, what to do), and its output."""
+    command = [sys.executable, "-m", "helpers.course", "preflight", "--params", params]
+    process = cluster.run("driver", command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = process.communicate(timeout=600)
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("item "))
+    rows = {}
+    for line in lines[header + 1 :]:
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) >= 4 and cells[2] in ("ok", "FAIL", "skip"):
+            rows[(cells[0], cells[1])] = (cells[2], cells[3], cells[4] if len(cells) > 4 else "")
+    return process.returncode, rows, out
+
+
+def test_the_preflight_passes_every_row_on_a_healthy_cluster(multihost):
+    status, rows, out = preflight(multihost)
+    assert status == 0, out[-4000:]
+    assert {result for result, _, _ in rows.values()} == {"ok"}, out[-4000:]
+    for item in ("versions", "java", "host name", "mlflow", "shared folder"):
+        assert {host for (name, host) in rows if name == item} == {"worker-1", "worker-2"}, item
+    assert "3 processes on worker-1, worker-2, interface eth0" in rows[("torch_distributor", "all")][1]
+    if horovod_installed():
+        assert rows[("horovod", "all")][0] == "ok"
+
+
+def test_each_fault_of_a_host_fails_exactly_its_own_preflight_row(multihost):
+    # four faults at once, each on its own host or service: each must show in its row, and nowhere else
+    text = (REPO_ROOT / "params" / "multihost.yaml").read_text()
+    unnamed = multihost.shared / "no-interface.yaml"  # the route chooses the interface; names are not trusted
+    unnamed.write_text(re.sub(r"(?m)^\s*COURSE_NETWORK_INTERFACE:.*\n(\s+#.*\n)*", "", text))
+    with (
+        multihost.without_shared_folder("worker-2"),
+        multihost.package_version("worker-1", "petastorm", "0.12.0"),
+        multihost.name_resolving_to_loopback("worker-2"),
+        multihost.mlflow_down(),
+    ):
+        status, rows, out = preflight(multihost, f"{SHARED_MOUNT}/{unnamed.name}")
+    failed = {key: row for key, row in rows.items() if row[0] == "FAIL"}
+    assert status == 1, out[-4000:]
+    assert set(failed) == {("shared folder", "worker-2"), ("versions", "worker-1"), ("host name", "worker-2"),
+                           ("mlflow", "driver")}, out[-4000:]  # fmt: skip
+    assert f"petastorm 0.12.0 (driver {metadata.version('petastorm')})" in failed[("versions", "worker-1")][1]
+    assert "127.0.1.1" in failed[("host name", "worker-2")][1]
+    assert all(fix for _, _, fix in failed.values()), failed
+    assert rows[("launchers", "all")][0] == "skip"

@@ -1,4 +1,4 @@
-"""The course tooling's one command line: ``python -m helpers.course {build,grade,run} ...``.
+"""The course tooling's one command line: ``python -m helpers.course {build,grade,pages,preflight,run} ...``.
 
 Each subcommand's module declares its options (``add_arguments``) and does the work (``command``); bad input
 (a :class:`~helpers.CourseInputError`) prints one ``error:`` line and exits with status 2.
@@ -11,13 +11,14 @@ import sys
 from collections.abc import Sequence
 
 from helpers import CourseInputError
-from helpers.course import build, grade, refresh, run
+from helpers.course import build, grade, preflight, refresh, run
 
 __all__ = ["SUBCOMMANDS", "main"]
 
 SUBCOMMANDS = {
     "build": (build, "write lessons/ from solutions/ (--check: only verify they are up to date)"),
     "grade": (grade, "grade a folder of submitted notebooks into a CSV and feedback notebooks"),
+    "preflight": (preflight, "check from the driver that a cluster will run the course: a table and an exit status"),
     "pages": (refresh, "re-render the solutions' diagrams and run-time lines that are out of date (then run build)"),
     "run": (run, "run the solution notebooks with a parameter file (laptop, GPU cluster, Databricks)"),
 }

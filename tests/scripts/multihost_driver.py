@@ -1,7 +1,8 @@
 """Runs on the driver host of the multi-host test cluster (helpers.multihost): connects to its master as lesson 4 does
 and reports, as one JSON line, what the cluster path must get right across hosts: the address the driver advertises,
 where the executors run, the environment the training processes get, the shared folder, and a TorchDistributor job
-whose 3 processes meet across hosts, one of them on a host whose name resolves to 127.0.1.1.
+whose 3 processes meet across hosts, one of them on a host whose name resolves to 127.0.1.1, and (where Horovod is
+installed) a Horovod-on-Spark allreduce with no interface named.
 
 Usage: ``python -m tests.scripts.multihost_driver MASTER_URL WORKERS`` with ``COURSE_WORK_DIR`` on the shared folder
 and ``COURSE_WORKER_ENV`` naming the variables to hand on.
@@ -14,7 +15,9 @@ import os
 import sys
 
 from helpers.cluster import LocalCluster
+from helpers.devices import horovod_installed
 from helpers.distributor import make_distributor, run_with_distributor
+from helpers.horovod_runner import HorovodRunner
 from helpers.shared_storage import check_shared_folder
 from helpers.workdir import work_dir
 
@@ -55,6 +58,18 @@ def allreduce() -> dict:
     return gathered
 
 
+def hvd_allreduce() -> dict:
+    """In every Horovod process: one allreduce, and where it ran."""
+    import socket
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
+    return {"host": socket.gethostname(), "size": hvd.size(), "sum": total.item()}
+
+
 def main(master_url: str, workers: int) -> None:
     with LocalCluster(workers=workers, master_url=master_url, start_timeout=120) as cluster:
         spark = cluster.spark
@@ -65,6 +80,8 @@ def main(master_url: str, workers: int) -> None:
             "shared_hosts": check_shared_folder(spark, work_dir()),
             "ranks": run_with_distributor(make_distributor(workers, local_mode=False), allreduce),
         }
+        if horovod_installed():  # no interface named: Horovod's own probe between the tasks chooses it
+            report["horovod"] = HorovodRunner(np=workers).run(hvd_allreduce)
     print("REPORT " + json.dumps(report), flush=True)
 
 
