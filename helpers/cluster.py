@@ -17,7 +17,6 @@ ours is left running.
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import re
@@ -26,7 +25,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -38,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from helpers import CourseInputError
-from helpers.processes import kill_tree, process_tree, stop_processes
+from helpers.processes import clean_up_at_exit, kill_tree, process_tree, stop_processes
 from helpers.shared_storage import check_shared_folder
 from helpers.spark import configure_python_env, executor_count, find_java_home, get_spark
 from helpers.validation import whole_number
@@ -282,7 +280,7 @@ class LocalCluster:
             raise CourseInputError("This LocalCluster is already running: use its .spark, or stop() it first.")
         self._daemons = []
         _LIVE.add(self)
-        _install_signal_handlers()
+        clean_up_at_exit(_kill_all)
         try:
             if not self.connect_only:
                 self._start_processes()
@@ -647,20 +645,4 @@ def _kill_all() -> None:
         cluster._kill_processes()
 
 
-def _kill_all_and_reraise(signum: int, frame: object) -> None:
-    """SIGTERM/SIGHUP handler: kill our clusters' processes, then die of the signal as we would have."""
-    _kill_all()
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
-def _install_signal_handlers() -> None:
-    """Catch SIGTERM and SIGHUP where nobody else does (main thread only; Jupyter and pytest keep theirs)."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(sig) is signal.SIG_DFL:
-            signal.signal(sig, _kill_all_and_reraise)
-
-
-atexit.register(_kill_all)
+clean_up_at_exit(_kill_all)  # at import: runs after pyspark's own exit hook, which shuts the driver's JVM down

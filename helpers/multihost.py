@@ -24,7 +24,6 @@ host of its own on this machine (needs root, or CAP_SYS_ADMIN and CAP_NET_ADMIN)
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ipaddress
 import os
@@ -42,6 +41,7 @@ from pathlib import Path
 
 from helpers import CourseInputError
 from helpers.cluster import spark_class
+from helpers.processes import clean_up_at_exit
 from helpers.spark import find_java_home
 from helpers.validation import whole_number
 
@@ -312,7 +312,7 @@ class MultiHostCluster:
         if reason:
             raise NamespaceUnavailable(reason)
         _LIVE[self.id] = self
-        _install_signal_handlers()
+        clean_up_at_exit(_stop_all)
         try:
             self._make_network()
             for host in self.hosts.values():
@@ -469,21 +469,4 @@ def _stop_all() -> None:
         cluster.stop()
 
 
-def _stop_all_and_reraise(signum: int, frame: object) -> None:
-    _stop_all()
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
-def _install_signal_handlers() -> None:
-    """Stop the clusters on SIGTERM/SIGHUP where nobody else handles them (main thread only)."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(sig) is signal.SIG_DFL:
-            signal.signal(sig, _stop_all_and_reraise)
-
-
-atexit.register(_stop_all)
+clean_up_at_exit(_stop_all)

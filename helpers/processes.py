@@ -6,12 +6,45 @@ workers); stopping one means stopping its whole tree, and waiting until it is go
 
 from __future__ import annotations
 
+import atexit
+import os
 import signal
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 
 import psutil
 
-__all__ = ["kill_tree", "process_tree", "signal_all", "stop_processes", "tree_memory"]
+__all__ = ["clean_up_at_exit", "kill_tree", "process_tree", "signal_all", "stop_processes", "tree_memory"]
+
+# What clean_up_at_exit was given: run, in order, at interpreter exit and on SIGTERM/SIGHUP.
+_CLEANUPS: list[Callable[[], None]] = []
+
+
+def clean_up_at_exit(cleanup: Callable[[], None]) -> None:
+    """Run ``cleanup`` at interpreter exit and when SIGTERM or SIGHUP ends this process (then die of the signal).
+
+    The signal handlers are installed only where nobody else handles the signal (Jupyter and pytest keep theirs), and
+    only from the main thread; one handler runs every registered clean-up. Registering twice registers once.
+
+    Args:
+        cleanup: what stops the processes this process started; it must tolerate having nothing left to stop.
+    """
+    if cleanup not in _CLEANUPS:
+        _CLEANUPS.append(cleanup)
+        atexit.register(cleanup)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _clean_up_and_reraise)
+
+
+def _clean_up_and_reraise(signum: int, frame: object) -> None:
+    """The SIGTERM/SIGHUP handler: every clean-up, then die of the signal as the process would have."""
+    for cleanup in list(_CLEANUPS):
+        cleanup()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def process_tree(pid: int) -> list[psutil.Process]:
