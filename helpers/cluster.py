@@ -614,7 +614,8 @@ def slot_executor_size(workers: list[dict[str, Any]], by_gpu: bool) -> tuple[int
     """The size of an executor that is one task slot of a running cluster: cores, heap (MB) and GPUs.
 
     Every worker then holds one executor per slot it offers: per core, or with GPU scheduling per GPU (with that
-    GPU's share of the worker's cores). The heap lets the smallest share of memory hold one executor.
+    GPU's share of the worker's cores), and no more than its memory holds at Spark's minimum executor heap. The heap
+    lets the smallest share of memory hold one executor.
 
     Args:
         workers: the alive workers as the master's JSON lists them (``cores``, ``memory`` in MB, ``resources``).
@@ -624,8 +625,8 @@ def slot_executor_size(workers: list[dict[str, Any]], by_gpu: bool) -> tuple[int
         ``(cores, memory_mb, gpus)`` of each executor.
     """
     gpus = [len(w.get("resources", {}).get("gpu", {}).get("addresses", [])) for w in workers]
-    slots = [max(1, g if by_gpu else w["cores"]) for w, g in zip(workers, gpus)]
-    cores = min(max(1, w["cores"] // n) for w, n in zip(workers, slots))
+    slots = [max(1, min(g if by_gpu else w["cores"], w["memory"] // MIN_EXECUTOR_MB)) for w, g in zip(workers, gpus)]
+    cores = min(max(1, w["cores"] // n) for w, n in zip(workers, slots)) if by_gpu else 1  # one task each
     memory = min(w["memory"] // n for w, n in zip(workers, slots))
     return cores, executor_memory_mb(memory), 1 if by_gpu else 0
 

@@ -287,7 +287,9 @@ class MultiHostCluster:
 
     def processes(self, host: str) -> list[str]:
         """The command lines of every process on ``host`` (its own ``/proc``)."""
-        out = self.check_output(host, ["ps", "-eo", "args", "--no-headers"])
+        out = self.check_output(
+            host, ["ps", "-eo", "args", "--no-headers", "-ww"]
+        )  # -ww: whole lines, whatever COLUMNS says
         return [line for line in out.splitlines() if line.strip()]
 
     # -- life cycle ---------------------------------------------------------------------------------------------

@@ -228,3 +228,6 @@ def test_on_a_running_cluster_every_task_slot_gets_an_executor_whatever_each_wor
     # On the CPU a 2-core worker beside a 1-core one holds 2 one-core executors, each fitting its memory share.
     mixed = [{"cores": 2, "memory": 1536, "resources": {}}, {"cores": 1, "memory": 1536, "resources": {}}]
     assert slot_executor_size(mixed, by_gpu=False) == (1, executor_memory_mb(768), 0)
+    # A 2-core worker with 512 MB holds one executor at Spark's 450 MB minimum, not two that could not start.
+    small = [{"cores": 2, "memory": 512, "resources": {}}]
+    assert slot_executor_size(small, by_gpu=False) == (1, executor_memory_mb(512), 0)
