@@ -5,7 +5,7 @@ SETUP_DONE := .venv/.setup-done
 DEEPSPEED_OP_DONE := .venv/.deepspeed-op-done
 GPU ?= 0
 
-.PHONY: setup course lint test test-fast lessons lab mlflow clean bench browser
+.PHONY: setup course lint test test-fast lessons lab mlflow clean bench test-packages
 
 setup: $(SETUP_DONE) $(DEEPSPEED_OP_DONE)
 
@@ -35,12 +35,12 @@ lint: setup
 	$(PY) -m ruff check --quiet .
 	$(PY) -m ruff format --check --quiet .
 
-# Debian's chromium for the browser test (tests/test_browser.py, marker `browser`); nothing to do once installed.
-browser:
-	scripts/install_browser.sh
+# Debian's chromium (the browser test) and nftables (the multi-host firewall faults); nothing to do once installed.
+test-packages:
+	scripts/install_test_packages.sh
 
 # Two pytest-xdist workers (tests/conftest.py keeps each module's tests on one worker); the slowest tests listed last.
-test: lint browser
+test: lint test-packages
 	$(PY) -m helpers.course build --check
 	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25
 

@@ -23,13 +23,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 from helpers import CourseInputError
 from helpers.jobs import STALL_HINT, STALL_TIMEOUT_ENV, JobError, JobFolder, ranked_call, run_job, stall_timeout_s
+from helpers.lost_hosts import LOST_GRACE_S, ExecutorLoss
 from helpers.shared_storage import check_shared_folder
-from helpers.spark import check_gpu_per_task, configure_python_env, executor_count, task_slots
+from helpers.spark import check_gpu_per_task, configure_python_env, task_slots
 from helpers.validation import whole_number
 from helpers.workdir import work_dir
 
@@ -58,9 +58,8 @@ _ERROR_LINE = re.compile(
 class DistributorError(JobError):
     """A TorchDistributor job failed: ``reason`` in one line, ``last_checkpoint`` to resume from (or None)."""
 
-    def __init__(self, message: str, *, last_checkpoint: str | None, elapsed_s: float, **details: Any):
+    def __init__(self, message: str, *, elapsed_s: float, **details: Any):
         super().__init__(message, **details)
-        self.last_checkpoint = last_checkpoint
         self.elapsed_s = elapsed_s
 
 
@@ -117,13 +116,6 @@ def make_distributor(num_processes: int = 2, use_gpu: bool = False, local_mode: 
     return TorchDistributor(num_processes=num_processes, local_mode=local_mode, use_gpu=use_gpu)
 
 
-def _last_checkpoint(folder: str | None) -> str | None:
-    """``last.ckpt`` in ``folder`` if it exists."""
-    if folder and (Path(folder) / "last.ckpt").is_file():
-        return str(Path(folder) / "last.ckpt")
-    return None
-
-
 class _Watchdog(threading.Thread):
     """Cancels a distributed TorchDistributor job as soon as one of its tasks fails or an executor is lost.
 
@@ -136,22 +128,25 @@ class _Watchdog(threading.Thread):
         self.spark = spark
         self.sc = spark.sparkContext
         self.group = group
-        self.executors_needed = executors_needed
+        self.executors = ExecutorLoss(spark, executors_needed)
         self.poll_s = poll_s
         self.done = threading.Event()
         self.reason: str | None = None
 
+    def why(self) -> str | None:
+        """Why the job ended: a host that lost its executors, else :attr:`reason` (a failed task is given
+        :data:`helpers.lost_hosts.LOST_GRACE_S` to turn out a lost host)."""
+        failed_task = bool(self.reason and "task failed" in self.reason)
+        lost = self.executors.wait_for_loss(LOST_GRACE_S if failed_task else 0)
+        return str(lost) if lost is not None else self.reason
+
     def run(self) -> None:
         tracker = self.sc.statusTracker()
-        executors_at_start = executor_count(self.spark)
         while not self.done.wait(self.poll_s):
             try:
-                executors = executor_count(self.spark)
-                if executors < min(executors_at_start, self.executors_needed):
-                    self.reason = (
-                        f"Spark lost an executor during training ({executors} of {executors_at_start} "
-                        "left): a worker or its executor died"
-                    )
+                lost = self.executors.check()
+                if lost is not None:
+                    self.reason = str(lost)
                 failed = 0
                 for job_id in tracker.getJobIdsForGroup(self.group):
                     job = tracker.getJobInfo(job_id)
@@ -268,7 +263,7 @@ def _stall_reason(job: JobFolder, num_processes: int) -> str | None:
             m for m in _USER_FRAME.finditer(text) if "site-packages" not in m["file"] and "<frozen" not in m["file"]
         ]
         waited.append(f"{rank} (at `{frames[-1]['code'].strip()}`)" if frames else str(rank))
-    missing = ", ".join(str(rank) for rank in range(num_processes) if rank not in timed_out) or "?"
+    missing = job.ranks_with_hosts([rank for rank in range(num_processes) if rank not in timed_out]) or "?"
     return (
         f"a collective stalled: rank(s) {', '.join(waited)} waited longer than the stall bound "
         f"({stall_timeout_s()} s, {STALL_TIMEOUT_ENV}) and rank(s) {missing} "
@@ -304,17 +299,13 @@ def _distributor_error(
     """The :class:`DistributorError` for a failed job, by the job protocol's rule: a rank's own error; else a
     lost executor (no Python error); else an echo of another rank's failure; else the best line of Spark's error."""
     cause = job.root_cause()
-    reason = failure_reason(exc, job, distributor.num_processes, lost=watchdog.reason if watchdog is not None else None)
-    last = _last_checkpoint(checkpoint_dir)
-    resume = (
-        f"rerun with ckpt_restore={last!r} to continue from its last checkpoint"
-        if last
-        else "no checkpoint was written yet: rerun from the start"
-    )
+    lost = watchdog.why() if watchdog is not None and (cause is None or cause.collateral) else None
+    reason = failure_reason(exc, job, distributor.num_processes, lost=lost)
     mode = "on the driver" if distributor.local_mode else "on Spark workers"
     message = (
         f"TorchDistributor training with {distributor.num_processes} processes {mode} failed after {elapsed:.0f} s: "
-        f"{reason}. The job was stopped; {resume}."
+        f"{reason.rstrip('.')}. The job was stopped"
     )
     details = {"rank": cause.rank, "worker_traceback": cause.text} if cause is not None else {}
-    return DistributorError(message, reason=reason, last_checkpoint=last, elapsed_s=elapsed, **details)
+    error = DistributorError(message, reason=reason, elapsed_s=elapsed, **details)
+    return error.add_resume_hint(checkpoint_dir)

@@ -20,6 +20,7 @@ import re
 import signal
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,6 +40,7 @@ from helpers.jobs import (
     pin_threads,
     stall_timeout_s,
 )
+from helpers.lost_hosts import LOST_GRACE_S, ExecutorLoss, LostHostError
 from helpers.network import INTERFACE_ENV
 from helpers.shared_storage import check_shared_folder
 from helpers.spark import check_gpu_per_task, configure_python_env
@@ -48,6 +50,7 @@ from helpers.workdir import work_dir
 __all__ = ["HorovodRunner", "HorovodWorkerError", "runner_class"]
 
 VERBOSITIES = ("log_callback_only", "all")
+STOP_GRACE_S = 20  # after a rank's failure record, Horovod on Spark has this long to end the job by itself
 _FIRST_FAILED = re.compile(r"Process name: (\S+)\s+Exit code: (-?\d+)")
 
 
@@ -159,6 +162,9 @@ def _worker_error(original: BaseException, job: JobFolder, np: int) -> HorovodWo
     left no record (it died without a Python error: killed, out of memory), preferring the one Horovod saw exit
     first, with its exit code; else an echo of another rank's failure ("Horovod has been shut down").
     """
+    if isinstance(original, LostHostError):
+        reason = str(original)
+        return HorovodWorkerError(f"The Horovod job on {np} processes was stopped: {reason}.", reason=reason)
     match = _FIRST_FAILED.search(str(original))
     first_rank = int(match.group(1)) if match and match.group(1).isdigit() else None
     exit_code = int(match.group(2)) if match else None
@@ -285,7 +291,7 @@ class HorovodRunner:
         job = JobFolder.create("horovod")
         call = WorkerCall(main, job, rank_env="HOROVOD_RANK", setup=setup)
         try:
-            results = self._launch(call, kwargs)
+            results = self._launch(call, job, kwargs)
         except Exception as exc:
             job.fail_open_mlflow_runs()
             raise _worker_error(exc, job, self.num_processes) from exc
@@ -321,9 +327,7 @@ class HorovodRunner:
                     stacklevel=3,
                 )
             return
-        from pyspark.sql import SparkSession
-
-        spark = SparkSession.getActiveSession()
+        spark = _session()
         if spark is None:
             raise CourseInputError(
                 f"HorovodRunner(np={self.np}) runs on Spark, but there is no active SparkSession: call "
@@ -340,19 +344,97 @@ class HorovodRunner:
                 stacklevel=3,
             )
 
-    def _launch(self, call: WorkerCall, kwargs: dict[str, Any]) -> list[Any]:
+    def _launch(self, call: WorkerCall, job: JobFolder, kwargs: dict[str, Any]) -> list[Any]:
         """Start the job locally or on Spark; return every rank's result, in rank order."""
         if self.np < 0:
             import horovod
 
             return horovod.run(call, kwargs=kwargs, num_proc=self.num_processes, use_gloo=True, disable_cache=True)
-        import horovod.spark
+        return self._run_on_spark(call, job, kwargs)
 
+    def _run_on_spark(self, call: WorkerCall, job: JobFolder, kwargs: dict[str, Any]) -> list[Any]:
+        """``horovod.spark.run`` in a thread, ended from here when Spark loses a host of the job
+        (:class:`helpers.lost_hosts.ExecutorLoss`), when a rank has failed and Horovod has not ended the job
+        :data:`STOP_GRACE_S` later (it waits for every rank, and a frozen or unreachable host's never answers), or on
+        an interrupt."""
+        import horovod.spark
+        from horovod.spark.driver import job_id
+
+        spark = _session()
         streams = {"stdout": sys.stdout, "stderr": sys.stderr} if self.driver_log_verbosity == "all" else {}
-        with _quiet_cancelled_spark_job():
-            return horovod.spark.run(
-                call, kwargs=kwargs, num_proc=self.num_processes, use_gloo=True, verbose=0, nics=_nics(), **streams
-            )
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["results"] = horovod.spark.run(
+                    call, kwargs=kwargs, num_proc=self.num_processes, use_gloo=True, verbose=0, nics=_nics(), **streams
+                )
+            except BaseException as exc:  # handed to the caller's thread
+                outcome["error"] = exc
+
+        executors = ExecutorLoss(spark, self.num_processes)
+        thread = threading.Thread(target=run, name="horovod-spark-run", daemon=True)
+        stop = threading.Event()
+        with _quiet_cancelled_spark_job(), _stopped_by(stop):
+            thread.start()
+            try:
+                lost = _wait_or_give_up(thread, job, executors)
+            except KeyboardInterrupt:
+                lost = KeyboardInterrupt()
+            if lost is not None or thread.is_alive():
+                stop.set()
+                spark.sparkContext.cancelJobGroup(f"horovod.spark.run.{job_id.JOB_ID}")
+                thread.join(STOP_GRACE_S if lost is None else LOST_GRACE_S)  # a lost host's rank never answers
+            if lost is not None:
+                raise lost
+            if thread.is_alive():
+                raise RuntimeError(f"a rank failed and Horovod had not ended the job {STOP_GRACE_S} s later")
+        if "error" in outcome:
+            cause = job.root_cause()
+            lost = executors.wait_for_loss(LOST_GRACE_S) if cause is None or cause.collateral else None
+            raise lost or outcome["error"]
+        return outcome["results"]
+
+
+def _session():
+    """The SparkSession of a job on Spark: this thread's active one, else the process's default one, else None
+    (PySpark keeps the active session per thread; we saw it gone from the caller's thread after a cancelled job)."""
+    from pyspark.sql import SparkSession
+
+    try:
+        return SparkSession.active()
+    except Exception:  # pyspark's own error type: no session at all
+        return None
+
+
+def _wait_or_give_up(thread: threading.Thread, job: JobFolder, executors: ExecutorLoss) -> LostHostError | None:
+    """Wait for Horovod's thread; return early with Spark's lost host, or once a rank's failure has been recorded
+    for :data:`STOP_GRACE_S` (the thread is then still alive)."""
+    failed_at = None
+    while thread.is_alive():
+        thread.join(0.5)
+        lost = executors.check()
+        if lost is not None:
+            return lost
+        failed_at = failed_at or (time.monotonic() if job.failures() else None)
+        if failed_at is not None and time.monotonic() - failed_at > STOP_GRACE_S:
+            return None
+    return None
+
+
+@contextmanager
+def _stopped_by(stop: threading.Event) -> Iterator[None]:
+    """While ``horovod.spark.run`` runs in a thread: its stop signal is ``stop``, which the driver sets. Horovod
+    0.28.1 makes that event itself and sets it from SIGINT/SIGTERM handlers, which only the main thread may
+    install (``register_shutdown_event`` in ``horovod.runner.gloo_run``)."""
+    from horovod.runner import gloo_run
+
+    original = gloo_run.register_shutdown_event
+    gloo_run.register_shutdown_event = lambda: stop
+    try:
+        yield
+    finally:
+        gloo_run.register_shutdown_event = original
 
 
 def _nics() -> set[str] | None:

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import sys
 import threading
 import time
@@ -46,9 +47,11 @@ __all__ = [
     "StalledCollectiveError",
     "WorkerCall",
     "is_collateral",
+    "last_checkpoint",
     "pin_threads",
     "ranked_call",
     "record_mlflow_run",
+    "resume_hint",
     "run_job",
     "stall_timeout_s",
     "worker_credentials",
@@ -101,6 +104,34 @@ class JobError(RuntimeError):
         self.reason = reason or message.splitlines()[0]
         self.worker_traceback = worker_traceback
         self.exit_code = exit_code
+        self.last_checkpoint: str | None = None
+
+    def add_resume_hint(self, checkpoint_dir: str | os.PathLike | None) -> JobError:
+        """Name the checkpoint to resume from (``last.ckpt`` in ``checkpoint_dir``) at the end of the message's
+        first line.
+
+        Returns:
+            This error, for ``raise error.add_resume_hint(folder)``.
+        """
+        self.last_checkpoint = last_checkpoint(checkpoint_dir)
+        first, _, rest = str(self.args[0]).partition("\n")
+        hinted = f"{first.rstrip('.')}. {resume_hint(self.last_checkpoint)}" + (f"\n{rest}" if rest else "")
+        self.args = (hinted, *self.args[1:])
+        return self
+
+
+def last_checkpoint(folder: str | os.PathLike | None) -> str | None:
+    """``last.ckpt`` in ``folder`` if it exists (what a rerun continues from)."""
+    if folder and (Path(folder) / "last.ckpt").is_file():
+        return str(Path(folder) / "last.ckpt")
+    return None
+
+
+def resume_hint(checkpoint: str | None) -> str:
+    """What to do after a failed training: rerun from ``checkpoint``, or from the start when there is none."""
+    if checkpoint:
+        return f"Rerun with ckpt_restore={checkpoint!r} to continue from its last checkpoint."
+    return "No checkpoint was written yet: rerun from the start."
 
 
 @dataclass(frozen=True)
@@ -193,6 +224,20 @@ class JobFolder:
         """
         failures = sorted(self.failures().values(), key=lambda f: (f.collateral, f.time))
         return failures[0] if failures else None
+
+    def record_host(self, rank: int, host: str) -> None:
+        """Note the host ``rank`` runs on (:class:`WorkerCall` does, first thing), so that the driver can name the
+        host of a rank that stopped answering."""
+        _write_atomically(self.path / f"host-rank-{rank}.txt", host.encode())
+
+    def hosts(self) -> dict[int, str]:
+        """The host of each rank that started, by rank."""
+        return {int(path.stem.rsplit("-", 1)[1]): path.read_text() for path in self.path.glob("host-rank-*.txt")}
+
+    def ranks_with_hosts(self, ranks: list[int]) -> str:
+        """``2 (worker-2), 3 (worker-2)``: ``ranks`` with the host each started on, where known."""
+        hosts = self.hosts()
+        return ", ".join(f"{rank} ({hosts[rank]})" if rank in hosts else str(rank) for rank in ranks)
 
     def record_mlflow_run(self, run_id: str, tracking_uri: str) -> None:
         """Note an MLflow run a process opened, so the driver can end it FAILED if the process never does."""
@@ -333,7 +378,12 @@ class CollectiveWatch(threading.Thread):
         """Record the stall as this rank's failure and end the process (the launcher then stops the others)."""
         elsewhere = self.job.waiting()
         missing = [r for r in range(self.world_size) if r != self.rank and elsewhere.get(r) != collective]
-        where = ", ".join(f"{r} (waiting in {elsewhere[r]!r})" if r in elsewhere else str(r) for r in missing)
+        hosts = self.job.hosts()
+        where = ", ".join(
+            f"{r} ({hosts.get(r, 'host unknown')}, waiting in {elsewhere[r]!r})" if r in elsewhere
+            else f"{r} ({hosts[r]})" if r in hosts else str(r)
+            for r in missing
+        )  # fmt: skip
         error = StalledCollectiveError(
             f"rank {self.rank} waited {waited:.0f} s in {collective!r}; rank(s) {where or '?'} did not join it "
             f"(stall bound {self.timeout_s:g} s, {STALL_TIMEOUT_ENV})"
@@ -412,6 +462,7 @@ class WorkerCall:
             os.environ.pop(name, None)
         os.environ.update(self.env)
         os.environ[JOB_DIR_ENV] = self.job_path
+        JobFolder(self.job_path).record_host(int(os.environ.get(self.rank_env, "0")), socket.gethostname())
         pin_interface()
         if self.setup is not None:
             self.setup()

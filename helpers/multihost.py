@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import os
 import re
 import shutil
@@ -273,6 +274,69 @@ class MultiHostCluster:
             fake.unlink()
 
     @contextlib.contextmanager
+    def ports_blocked_between_workers(self, spark_ports: int | None = None) -> Iterator[None]:
+        """While the block runs, a firewall on every worker drops each new connection from another worker (nftables
+        in the worker's network namespace), except to Spark's pinned ports ``spark_ports`` to ``spark_ports + 18``
+        (:func:`helpers.spark.port_conf`), as on a cluster where only Spark's ports were opened: Spark works, the
+        training processes' rendezvous and collectives cannot meet."""
+        if len(self.workers) < 2:
+            raise CourseInputError("ports_blocked_between_workers() needs 2 workers or more, e.g. worker_cores=(2, 1).")
+        from helpers.spark import SPARK_PORT_RETRIES
+
+        spark = [f"tcp dport {spark_ports}-{spark_ports + 2 + SPARK_PORT_RETRIES} accept"] if spark_ports else []
+        table = "course_firewall"
+        try:
+            for worker in self.workers:
+                others = ", ".join(other.address for other in self.workers if other is not worker)
+                rules = "\n".join(f"  ip saddr {{ {others} }} {rule}" for rule in [*spark, "ct state new drop"])
+                chain = "  type filter hook input priority 0; policy accept;"
+                text = f"table inet {table} {{\n chain input {{\n{chain}\n{rules}\n }}\n}}\n"
+                self._netns_run(worker, ["nft", "-f", "-"], text)
+            yield
+        finally:
+            for worker in self.workers:
+                subprocess.run(["ip", "netns", "exec", worker.netns, "nft", "delete", "table", "inet", table],
+                               capture_output=True)  # fmt: skip
+
+    @contextlib.contextmanager
+    def link_down(self, host: str) -> Iterator[None]:
+        """While the block runs, ``host``'s network link is down: no reset, no process exit, its packets lost. Its
+        shared folder goes with it (the NFS server is on the other side of the link): writes there stay on the host.
+        Afterwards the host is rebooted (:meth:`reboot`), as an instructor would do with a host that came back."""
+        target = self.hosts[host]
+        with self.without_shared_folder(host):
+            self._netns_run(target, ["ip", "link", "set", "eth0", "down"])
+            try:
+                yield
+            finally:
+                self._netns_run(target, ["ip", "link", "set", "eth0", "up"])
+        self.reboot(host)
+
+    @contextlib.contextmanager
+    def frozen(self, host: str) -> Iterator[None]:
+        """While the block runs, every process of ``host`` is stopped (SIGSTOP), as on a host that hangs: its
+        kernel still answers, nothing else does. Afterwards the host is rebooted (:meth:`reboot`)."""
+        enter = ["nsenter", "--target", str(self.hosts[host].pid), "--pid", "--mount", "--"]
+        subprocess.run([*enter, "kill", "-STOP", "-1"], check=False)  # all but the host's PID 1 and kill itself
+        try:
+            yield
+        finally:
+            self.reboot(host)
+
+    def reboot(self, host: str) -> None:
+        """Kill every process of worker ``host`` and start its Spark worker again; returns once the master lists
+        a new worker ALIVE on that host (it lists the old one too until its ``spark.worker.timeout``, 60 s)."""
+        address = self.hosts[host].address
+        replaced = [worker_id for worker_id in self._worker_ids() if worker_id.split("-")[2] == address]
+        enter = ["nsenter", "--target", str(self.hosts[host].pid), "--pid", "--mount", "--"]
+        subprocess.run([*enter, "kill", "-KILL", "-1"], check=False)
+        service = self.services.pop(host)
+        service.kill()  # nsenter outside the host: it stops itself when its child is stopped, and stays stopped
+        service.wait(timeout=30)
+        self._start_worker(self.hosts[host])
+        self._wait_for_services(replaced)
+
+    @contextlib.contextmanager
     def mlflow_down(self) -> Iterator[None]:
         """While the block runs, the MLflow server is not running (every process of its host killed); it is started
         again afterwards, on the same store."""
@@ -284,6 +348,14 @@ class MultiHostCluster:
         finally:
             self._start_mlflow()
             self._wait_for_services()
+
+    @staticmethod
+    def _netns_run(host: Host, argv: list[str], stdin: str = "") -> None:
+        """Run ``argv`` in ``host``'s network namespace only (a firewall's or a link's change); raise with its
+        message if it fails."""
+        done = subprocess.run(["ip", "netns", "exec", host.netns, *argv], input=stdin, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} on {host.name}: {done.stderr.strip()}")
 
     def processes(self, host: str) -> list[str]:
         """The command lines of every process on ``host`` (its own ``/proc``)."""
@@ -387,30 +459,39 @@ class MultiHostCluster:
             rest = init.stdout.read() if init.stdout else ""
             raise NamespaceUnavailable(f"host {host.name} did not start: {(line + rest).strip()[-300:]}")
 
-    def _start_services(self) -> None:
-        """The Spark master, the workers, MLflow; returns once all of them serve."""
-        spark_env = {
+    def _spark_env(self, host: Host) -> dict[str, str]:
+        """The environment of a Spark daemon on ``host``."""
+        return {
             "JAVA_HOME": str(find_java_home()),
             "SPARK_HOME": str(spark_class().parent.parent),
             "SPARK_DAEMON_MEMORY": "256m",
             "PYSPARK_PYTHON": sys.executable,
+            "SPARK_LOCAL_IP": host.address,
         }
+
+    def _start_services(self) -> None:
+        """The Spark master, the workers, MLflow; returns once all of them serve."""
         master = self.hosts["spark-master"]
         self._service(
             "spark-master",
             [str(spark_class()), "org.apache.spark.deploy.master.Master", "--host", master.address, "--port",
              str(MASTER_PORT), "--webui-port", str(MASTER_UI_PORT)],
-            {**spark_env, "SPARK_LOCAL_IP": master.address},
+            self._spark_env(master),
         )  # fmt: skip
-        for host, cores in zip(self.workers, self.worker_cores):
-            self._service(
-                host.name,
-                [str(spark_class()), "org.apache.spark.deploy.worker.Worker", "--host", host.address, "--cores",
-                 str(cores), "--memory", self.worker_memory, "--work-dir", "/tmp/spark-worker", self.master_url],
-                {**spark_env, "SPARK_LOCAL_IP": host.address},
-            )  # fmt: skip
+        for host in self.workers:
+            self._start_worker(host)
         self._start_mlflow()
         self._wait_for_services()
+
+    def _start_worker(self, host: Host) -> None:
+        """The Spark worker of ``host``, with its cores and the cluster's worker memory."""
+        cores = self.worker_cores[self.workers.index(host)]
+        self._service(
+            host.name,
+            [str(spark_class()), "org.apache.spark.deploy.worker.Worker", "--host", host.address, "--cores",
+             str(cores), "--memory", self.worker_memory, "--work-dir", "/tmp/spark-worker", self.master_url],
+            self._spark_env(host),
+        )  # fmt: skip
 
     def _start_mlflow(self) -> None:
         """The MLflow tracking server on its host, its store and artifacts on that host's own disk."""
@@ -427,14 +508,14 @@ class MultiHostCluster:
         with open(self.log_dir / f"{host}.log", "ab") as log:
             self.services[host] = self.run(host, argv, env, stdout=log, stderr=subprocess.STDOUT)
 
-    def _wait_for_services(self) -> None:
-        """Poll, from the driver host, the master's JSON (every worker ALIVE) and MLflow's health endpoint."""
+    def _wait_for_services(self, replaced: Sequence[str] = ()) -> None:
+        """Poll, from the driver host, the master's JSON (one ALIVE worker per worker host, none of them one of the
+        ``replaced`` worker ids) and MLflow's health endpoint."""
         probe = (
             "import json, sys, urllib.request as u\n"
             f"state = json.load(u.urlopen('http://spark-master:{MASTER_UI_PORT}/json/', timeout=2))\n"
-            "alive = sum(w['state'] == 'ALIVE' for w in state['workers'])\n"
             f"u.urlopen('{self.mlflow_uri}/health', timeout=2)\n"
-            "print(alive)\n"
+            "print(json.dumps([w['id'] for w in state['workers'] if w['state'] == 'ALIVE']))\n"
         )
         deadline = time.monotonic() + self.start_timeout
         while True:
@@ -442,7 +523,9 @@ class MultiHostCluster:
                 if service.poll() is not None:
                     raise RuntimeError(f"{name} exited with code {service.returncode}; see {self.log_dir / name}.log")
             try:
-                if int(self.check_output("driver", [sys.executable, "-c", probe], timeout=20)) >= len(self.workers):
+                alive = json.loads(self.check_output("driver", [sys.executable, "-c", probe], timeout=20))
+                hosts = {worker_id.split("-")[2] for worker_id in alive if worker_id not in replaced}
+                if hosts >= {host.address for host in self.workers}:
                     return
             except (subprocess.CalledProcessError, subprocess.TimeoutExpired, ValueError):
                 pass
@@ -452,6 +535,15 @@ class MultiHostCluster:
                     f"{self.log_dir}"
                 )
             time.sleep(1)
+
+    def _worker_ids(self) -> list[str]:
+        """The ids of the workers the master lists (``worker-<date>-<address>-<port>``), whatever their state."""
+        probe = (
+            "import json, urllib.request as u\n"
+            f"state = json.load(u.urlopen('http://spark-master:{MASTER_UI_PORT}/json/', timeout=2))\n"
+            "print(json.dumps([w['id'] for w in state['workers']]))\n"
+        )
+        return json.loads(self.check_output("driver", [sys.executable, "-c", probe], timeout=20))
 
 
 def _kill(pid: int) -> None:

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from helpers import CourseInputError
+from helpers.lost_hosts import heartbeat_conf
 from helpers.network import driver_address
 from helpers.validation import whole_number
 from helpers.workdir import work_dir
@@ -25,6 +26,7 @@ __all__ = [
     "executor_count",
     "find_java_home",
     "get_spark",
+    "port_conf",
     "spark_path",
     "task_slots",
     "worker_env",
@@ -33,6 +35,8 @@ __all__ = [
 _PETASTORM_CACHE_CONF = "petastorm.spark.converter.parentCacheDirUrl"
 WORKER_ENV_NAMES = "COURSE_WORKER_ENV"  # names (comma-separated) of the variables every executor gets (runner.env)
 LOOPBACK = "127.0.0.1"  # a local session's driver and executors: this machine only
+PORTS_ENV = "COURSE_SPARK_PORTS"  # the first of Spark's pinned ports (port_conf), for clusters behind a firewall
+SPARK_PORT_RETRIES = 16  # spark.port.maxRetries: a busy pinned port moves up by one, this many times at most
 
 
 def worker_env() -> dict[str, str]:
@@ -77,6 +81,19 @@ def _network_conf(master: str | None) -> dict[str, str]:
     address = LOOPBACK if host is None or host in ("127.0.0.1", "localhost") else driver_address(host)
     os.environ["SPARK_LOCAL_IP"] = address
     return {"spark.driver.host": address, "spark.driver.bindAddress": address}
+
+
+def port_conf() -> dict[str, str]:
+    """Spark's own ports, pinned from :data:`PORTS_ENV` (a first port P) for a cluster behind a firewall: the
+    driver's RPC port P and block manager P+1, the executors' block managers from P+2 (the next free one of
+    P+2..P+18 when a host runs several executors); {} where the variable is not set (Spark picks free ports)."""
+    value = os.environ.get(PORTS_ENV)
+    if value is None:
+        return {}
+    first = whole_number(PORTS_ENV, int(value) if value.strip().isdigit() else value, minimum=1024,
+                         hint="It is the first of the 19 ports Spark's driver and executors listen on.")  # fmt: skip
+    return {"spark.driver.port": str(first), "spark.driver.blockManager.port": str(first + 1),
+            "spark.blockManager.port": str(first + 2), "spark.port.maxRetries": str(SPARK_PORT_RETRIES)}  # fmt: skip
 
 
 def find_java_home() -> Path:
@@ -270,6 +287,8 @@ def get_spark(
         cores = cores or os.cpu_count() or 2
         conf = {
             **_network_conf(master),
+            **heartbeat_conf(),
+            **port_conf(),
             **{f"spark.executorEnv.{name}": value for name, value in worker_env().items()},
             **(extra_conf or {}),
         }

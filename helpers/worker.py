@@ -22,7 +22,7 @@ from helpers import CourseInputError
 from helpers.datamodule import ONE_PASS, datamodule_for
 from helpers.devices import horovod_installed, precision_for
 from helpers.distributor import ddp_layout, make_distributor, process_group_backend, run_with_distributor
-from helpers.jobs import stall_timeout_s
+from helpers.jobs import JobError, stall_timeout_s
 from helpers.ray_launcher import run_with_ray
 from helpers.tracking import run_name as new_run_name
 from helpers.training import TrainResult
@@ -372,11 +372,15 @@ def launch_training(
         )
     settings = settings.resolved(launcher, num_processes)
     runner = HorovodRunner(np=num_processes if on_spark else -num_processes, use_gpu=settings.use_gpu)
-    return runner.run(
-        train_process,
-        launcher=launcher,
-        train_converter=train_converter,
-        val_converter=val_converter,
-        class_count=class_count,
-        settings=settings,
-    )
+    try:
+        return runner.run(
+            train_process,
+            launcher=launcher,
+            train_converter=train_converter,
+            val_converter=val_converter,
+            class_count=class_count,
+            settings=settings,
+        )
+    except JobError as error:
+        error.add_resume_hint(settings.default_dir)
+        raise

@@ -517,9 +517,9 @@ def resume_weights_only(trainer, model, datamodule, checkpoint_dir):
 
 
 def resume_delegated(trainer, model, datamodule, checkpoint_dir):
-    from helpers.distributor import _last_checkpoint
+    from helpers.jobs import last_checkpoint
 
-    trainer.fit(model, datamodule=datamodule, ckpt_path=_last_checkpoint(checkpoint_dir))
+    trainer.fit(model, datamodule=datamodule, ckpt_path=last_checkpoint(checkpoint_dir))
 
 
 @pytest.mark.parametrize(

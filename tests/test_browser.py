@@ -5,7 +5,7 @@ exercise, then a wrong and a right answer typed into it: its check cell must say
 A second test breaks the course kernel's spec and expects the same path to fail at the kernel. Everything runs in
 one temporary folder (the work directory, Jupyter's config and data folders, Chromium's profile) that goes
 afterwards; the server is shut down through its API and no process it started may outlive it.
-Alone: ``.venv/bin/python -m pytest -m browser``; the browser comes from ``scripts/install_browser.sh``.
+Alone: ``.venv/bin/python -m pytest -m browser``; the browser comes from ``scripts/install_test_packages.sh``.
 """
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ def running_lab(extra_env: dict[str, str] | None = None) -> Iterator[tuple[Lab, 
 def chromium(scratch: Path) -> Iterator[Page]:
     """A page in headless Chromium (the system's, never a downloaded one) with a fresh profile under ``scratch``."""
     if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: run scripts/install_browser.sh (make test does)")
+        pytest.fail(f"{CHROMIUM} is missing: run scripts/install_test_packages.sh (make test does)")
     with sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
             str(scratch / "chromium-profile"),

@@ -142,4 +142,4 @@ def test_a_failing_process_raises_a_distributor_error_with_its_python_error(work
         # class_count=0 makes every process raise in the model's constructor
         train_with_distributor(None, None, 0, TrainSettings(), num_processes=2, local_mode=True, spark=spark)
     assert caught.value.last_checkpoint is None
-    assert "no checkpoint was written yet" in str(caught.value)
+    assert "No checkpoint was written yet" in str(caught.value)

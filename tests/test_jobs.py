@@ -6,11 +6,12 @@ processes; these tests pin the rule itself on real exceptions and a real MLflow 
 
 import json
 import os
+import socket
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from helpers.jobs import JOB_DIR_ENV, JobFolder, WorkerCall, is_collateral, record_mlflow_run
+from helpers.jobs import JOB_DIR_ENV, JobError, JobFolder, WorkerCall, is_collateral, last_checkpoint, record_mlflow_run
 from helpers.tracking import tracking_uri
 
 pytestmark = pytest.mark.usefixtures("work_dir")
@@ -70,6 +71,21 @@ def test_a_worker_call_records_its_rank_and_reraises(monkeypatch):
     assert job.failures()[4].last_line == "ZeroDivisionError: x=7"
     assert WorkerCall(lambda x: x * 2, job, rank_env="RANK")(x=21) == 42
     assert list(job.failures()) == [4]
+    assert job.hosts() == {4: socket.gethostname()}  # so that the driver can name the host of a silent rank
+    assert job.ranks_with_hosts([5, 4]) == f"5, 4 ({socket.gethostname()})"
+
+
+def test_a_job_error_names_the_checkpoint_to_resume_from_after_its_first_line(tmp_path):
+    error = JobError("rank 1 of 2 failed: ValueError: x\n--- traceback from rank 1 ---\nTraceback ...")
+    assert error.add_resume_hint(tmp_path) is error and error.last_checkpoint is None
+    assert str(error).startswith("rank 1 of 2 failed: ValueError: x. No checkpoint was written yet: rerun from")
+    (tmp_path / "last.ckpt").write_bytes(b"saved")
+    error = JobError("lost a host.").add_resume_hint(tmp_path)
+    assert error.last_checkpoint == str(tmp_path / "last.ckpt") == last_checkpoint(tmp_path)
+    assert (
+        str(error)
+        == f"lost a host. Rerun with ckpt_restore={str(tmp_path / 'last.ckpt')!r} to continue from its last checkpoint."
+    )
 
 
 def test_records_are_complete_json_and_leave_no_temporary_files():

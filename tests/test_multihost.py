@@ -14,6 +14,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from collections import Counter
 from importlib import metadata
 
@@ -21,6 +22,7 @@ import pytest
 
 from helpers.course.build import read_notebook, structure
 from helpers.course.checks import LOG_ENV, PASSED
+from helpers.course.run import kernel_env, load_params
 from helpers.devices import horovod_installed
 from helpers.multihost import SHARED_MOUNT, MultiHostCluster, leftovers, namespaces_available
 from helpers.workdir import REPO_ROOT
@@ -29,6 +31,7 @@ pytestmark = pytest.mark.slow
 
 WORK = f"{SHARED_MOUNT}/work"
 PROBE_ENV = {"COURSE_WORK_DIR": WORK, "COURSE_PROBE": "from-the-driver", "COURSE_WORKER_ENV": "COURSE_PROBE"}
+PARAMS = load_params(REPO_ROOT / "params" / "multihost.yaml")
 LESSONS = ("04_multi_node_scaling", "05_early_stopping_analysis", "06_ray_and_deepspeed")
 
 
@@ -178,3 +181,70 @@ def test_each_fault_of_a_host_fails_exactly_its_own_preflight_row(multihost):
     assert "127.0.1.1" in failed[("host name", "worker-2")][1]
     assert all(fix for _, _, fix in failed.values()), failed
     assert rows[("launchers", "all")][0] == "skip"
+
+
+def test_the_preflight_fails_the_launcher_rows_when_a_firewall_blocks_the_ports_between_workers(multihost):
+    # only Spark's pinned ports (COURSE_SPARK_PORTS in params/multihost.yaml) are open between workers
+    spark_ports = int(PARAMS.env["COURSE_SPARK_PORTS"])
+    with multihost.ports_blocked_between_workers(spark_ports):
+        status, rows, out = preflight(multihost)
+    failed = {key: row for key, row in rows.items() if row[0] == "FAIL"}
+    expected = {("torch_distributor", "all")} | ({("horovod", "all")} if horovod_installed() else set())
+    assert status == 1 and set(failed) == expected, out[-4000:]
+    assert all("open the ports between the workers" in fix for _, _, fix in failed.values()), failed
+
+
+HOST_FAULTS = ("torch_distributor:link_down", "horovod:frozen", "torch_distributor:frozen", "horovod:link_down")
+HEARTBEAT_S = 30  # params/multihost.yaml: COURSE_HEARTBEAT_TIMEOUT_S (the stall bound there is 180 s)
+NOTICE_SLACK_S = 40  # after the bound: the driver's check every tenth of it, cancelling the job, Horovod's grace
+TRAINING_MARKERS = ("torch.distributed.run", "torch_run_process_wrapper", "gloo_exec_fn", "horovod.spark.task")
+
+
+@pytest.fixture(scope="module")
+def host_faults(multihost) -> list[dict]:
+    """tests/scripts/host_faults.py on the driver host; worker-2 taken away as each scenario asks, and what was left
+    running on worker-1 once the job ended and the rerun was done."""
+    launchers = HOST_FAULTS if horovod_installed() else [s for s in HOST_FAULTS if s.startswith("torch")]
+    signals = multihost.shared / "host-fault-signals"
+    signals.mkdir(exist_ok=True)
+    env = {**kernel_env(PARAMS), "COURSE_WORK_DIR": WORK}
+    command = [sys.executable, "-m", "tests.scripts.host_faults", multihost.master_url,
+               f"{SHARED_MOUNT}/{signals.name}", *launchers]  # fmt: skip
+    process = multihost.run("driver", command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    left_on_worker_1, reports = {}, []
+    for scenario in launchers:
+        name = scenario.replace(":", "-")
+        report = signals / f"{name}.json"
+        while not (signals / f"{name}.ready").exists() and not report.exists() and process.poll() is None:
+            time.sleep(0.2)
+        if (signals / f"{name}.ready").exists():
+            with (multihost.link_down if name.endswith("link_down") else multihost.frozen)("worker-2"):
+                (signals / f"{name}.fault").write_text(repr(time.time()))
+                while not (signals / f"{name}.done").exists() and process.poll() is None:
+                    time.sleep(0.2)
+                left_on_worker_1[name] = [line for line in multihost.processes("worker-1")
+                                          if any(marker in line for marker in TRAINING_MARKERS)]  # fmt: skip
+            (signals / f"{name}.back").write_text("back")
+        while not report.exists() and process.poll() is None:
+            time.sleep(0.2)
+        if not report.exists():
+            break
+        reports.append({**json.loads(report.read_text()), "left_on_worker_1": left_on_worker_1.get(name)})
+    out, _ = process.communicate(timeout=600)
+    assert len(reports) == len(launchers), out[-6000:]
+    return reports
+
+
+def test_a_lost_host_ends_the_job_within_the_heartbeat_bound_naming_the_host_and_the_checkpoint(host_faults):
+    for report in host_faults:
+        assert report.get("first_run") == "failed", report
+        assert report["seconds_to_fail"] < HEARTBEAT_S + NOTICE_SLACK_S, report
+        assert "worker-2" in report["message"] and report["last_checkpoint"] in report["message"], report
+        assert report["message"].count("\n") == 0 or report["error_type"] == "HorovodWorkerError", report
+
+
+def test_the_rerun_on_the_hosts_left_continues_from_the_checkpoint_and_nothing_is_left_running(host_faults):
+    for report in host_faults:
+        saved = report["saved_epoch"]
+        assert report["resumed_epochs"] == [saved + 1, saved + 2], report
+        assert report["left_on_worker_1"] == [], report

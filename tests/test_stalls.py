@@ -10,6 +10,7 @@ per-notebook timeout is pinned too.
 
 from __future__ import annotations
 
+import socket
 import sys
 import time
 from pathlib import Path
@@ -146,7 +147,10 @@ def test_horovod_stall_ends_with_ranks_and_tensor(mistake: str, stall_bound: str
     # both ranks wait, each in its own collective: whichever passes the bound first tells the story
     views = {0: ("grad", 1, "epoch_loss"), 1: ("epoch_loss", 0, "grad")}
     waited, other, elsewhere = views[caught.value.rank]
-    told = f"rank {caught.value.rank} waited {BOUND_S} s in '{waited}'; rank(s) {other} (waiting in '{elsewhere}')"
+    host = socket.gethostname()  # where the rank that did not join started
+    told = (
+        f"rank {caught.value.rank} waited {BOUND_S} s in '{waited}'; rank(s) {other} ({host}, waiting in '{elsewhere}')"
+    )
     assert f"StalledCollectiveError: {told} did not join it" in message, message
 
 
@@ -159,7 +163,8 @@ def test_distributor_stall_ends_with_ranks(mistake: str, stall_bound: str, spark
         run_with_distributor(distributor, ddp_steps, spark=spark, **MISTAKES[mistake], tracking_uri=stall_bound)
     message = _check_ended(caught.value, time.monotonic() - started, stall_bound)
     assert "a collective stalled: rank(s) 0 (at `dist.all_reduce(torch.ones(4))`)" in message, message
-    assert f"stall bound ({BOUND_S} s, {STALL_TIMEOUT_ENV}) and rank(s) 1 did not join" in message, message
+    told = f"stall bound ({BOUND_S} s, {STALL_TIMEOUT_ENV}) and rank(s) 1 ({socket.gethostname()}) did not join"
+    assert told in message, message
 
 
 def test_stall_bound_ends_a_notebook_long_before_the_grader():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ PACKAGES = (
     "deltalake", "horovod", "ray", "deepspeed",
 )  # fmt: skip
 STALL_S = "60"  # the collectives' stall bound during the preflight: a blocked port fails in a minute, not ten
+COLLECTIVE_BOUND_S = 90  # one launcher's whole check: start-up, rendezvous, collective (about 20 s when healthy)
 
 
 @dataclass(frozen=True)
@@ -211,16 +213,19 @@ def _host_rows(driver: dict[str, Any], hosts: list[dict[str, Any]], expect: dict
 
 
 def _torch_allreduce() -> list[dict[str, Any]]:
-    """In every TorchDistributor process: the interface rule, one Gloo allreduce; every rank's host and sum."""
+    """In every TorchDistributor process: the interface rule, one Gloo allreduce; every rank's host and sum. The
+    rendezvous and the collective wait at most the stall bound (a blocked port fails, it does not hang)."""
     import socket
+    from datetime import timedelta
 
     import torch
     import torch.distributed as dist
 
+    from helpers.jobs import stall_timeout_s
     from helpers.network import pin_interface
 
     interface = pin_interface()
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=timedelta(seconds=stall_timeout_s()))
     total = torch.tensor([1.0])
     dist.all_reduce(total)
     gathered: list[Any] = [None] * dist.get_world_size()
@@ -238,13 +243,28 @@ def _horovod_allreduce() -> float:
     return hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()
 
 
-def _collective(item: str, run: Callable[[], str], fix: str) -> Row:
-    """Run one launcher's collective; its row (the first line of what it raised, if it did)."""
+def _collective(spark, item: str, run: Callable[[], str], fix: str) -> Row:
+    """Run one launcher's collective, its Spark jobs cancelled after :data:`COLLECTIVE_BOUND_S` (a rendezvous whose
+    port is blocked would wait ten minutes); its row (the first line of what it raised, if it did)."""
+    cancelled = threading.Event()
+
+    def cancel() -> None:
+        cancelled.set()
+        spark.sparkContext.cancelAllJobs()
+
+    timer = threading.Timer(COLLECTIVE_BOUND_S, cancel)
+    timer.start()
     try:
         return Row(item, "all", True, run())
     except Exception as exc:  # any failure of the launcher is the finding
-        first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-        return Row(item, "all", False, f"{type(exc).__name__}: {first[:200]}", fix)
+        if cancelled.is_set():
+            found = f"no result in {COLLECTIVE_BOUND_S} s: the processes on different hosts did not meet"
+        else:
+            first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            found = f"{type(exc).__name__}: {first[:200]}"
+        return Row(item, "all", False, found, fix)
+    finally:
+        timer.cancel()
 
 
 def _launcher_rows(spark, processes: int, ray: bool) -> list[Row]:
@@ -276,11 +296,11 @@ def _launcher_rows(spark, processes: int, ray: bool) -> list[Row]:
             nodes = cluster.nodes()
         return f"{len(nodes)} Ray nodes at {sorted({n['NodeManagerAddress'] for n in nodes})}"
 
-    rows = [_collective("torch_distributor", torch_distributor, ports)]
+    rows = [_collective(spark, "torch_distributor", torch_distributor, ports)]
     if horovod_installed():
-        rows.append(_collective("horovod", horovod, ports))
+        rows.append(_collective(spark, "horovod", horovod, ports))
     if ray:
-        rows.append(_collective("ray", ray_on_spark, ports))
+        rows.append(_collective(spark, "ray", ray_on_spark, ports))
     return rows
 
 

@@ -606,9 +606,9 @@ def _interrupted_run(folder: Path, epochs: int, torn: bool) -> None:
 
 
 def _resume_helpers() -> tuple[Any, ...]:
-    from helpers.distributor import _last_checkpoint
+    from helpers.jobs import last_checkpoint
 
-    return (_last_checkpoint,)
+    return (last_checkpoint,)
 
 
 @register("4.6")
@@ -627,7 +627,7 @@ def resume_after_lost_worker(namespace) -> str:
         NotAttempted: ``resume_training`` is not defined, or is a stub.
         CheckFailed: in one of the folders training did not run from the epoch after the newest readable
             checkpoint (from epoch 0 without one) up to the Trainer's ``max_epochs``.
-        Delegated: the answer calls ``helpers.distributor._last_checkpoint``.
+        Delegated: the answer calls ``helpers.jobs.last_checkpoint``.
         Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
     """
     import logging
