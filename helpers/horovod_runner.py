@@ -43,7 +43,7 @@ from helpers.jobs import (
 from helpers.lost_hosts import LOST_GRACE_S, ExecutorLoss, LostHostError
 from helpers.network import INTERFACE_ENV
 from helpers.shared_storage import check_shared_folder
-from helpers.spark import check_gpu_per_task, configure_python_env
+from helpers.spark import active_session, check_gpu_per_task, configure_python_env
 from helpers.validation import check_flag, one_of
 from helpers.workdir import work_dir
 
@@ -327,7 +327,7 @@ class HorovodRunner:
                     stacklevel=3,
                 )
             return
-        spark = _session()
+        spark = active_session()
         if spark is None:
             raise CourseInputError(
                 f"HorovodRunner(np={self.np}) runs on Spark, but there is no active SparkSession: call "
@@ -360,7 +360,7 @@ class HorovodRunner:
         import horovod.spark
         from horovod.spark.driver import job_id
 
-        spark = _session()
+        spark = active_session()
         streams = {"stdout": sys.stdout, "stderr": sys.stderr} if self.driver_log_verbosity == "all" else {}
         outcome: dict[str, Any] = {}
 
@@ -394,17 +394,6 @@ class HorovodRunner:
             lost = executors.wait_for_loss(LOST_GRACE_S) if cause is None or cause.collateral else None
             raise lost or outcome["error"]
         return outcome["results"]
-
-
-def _session():
-    """The SparkSession of a job on Spark: this thread's active one, else the process's default one, else None
-    (PySpark keeps the active session per thread; we saw it gone from the caller's thread after a cancelled job)."""
-    from pyspark.sql import SparkSession
-
-    try:
-        return SparkSession.active()
-    except Exception:  # pyspark's own error type: no session at all
-        return None
 
 
 def _wait_or_give_up(thread: threading.Thread, job: JobFolder, executors: ExecutorLoss) -> LostHostError | None:

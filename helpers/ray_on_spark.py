@@ -48,7 +48,7 @@ from ray.util.spark.start_hook_base import RayOnSparkStartHook
 from helpers import CourseInputError
 from helpers.processes import process_tree, stop_processes
 from helpers.shared_storage import check_shared_folder
-from helpers.spark import executor_count, task_slots
+from helpers.spark import active_session, executor_count, task_slots
 from helpers.validation import whole_number
 from helpers.workdir import work_dir
 
@@ -200,16 +200,11 @@ class _CourseStartHook(RayOnSparkStartHook):
 
 
 def _session(spark):
-    """``spark``, which must be this thread's active session (Ray on Spark uses that one), or the active one."""
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    if active is None or (spark is not None and spark.sparkContext is not active.sparkContext):
-        raise CourseInputError(
-            "ray_cluster() starts Ray on this thread's active SparkSession: start the cluster (LocalCluster) first, "
-            "in this thread."
-        )
-    return active
+    """``spark`` or the process's session, made this thread's active one (Ray on Spark starts on that one)."""
+    chosen = active_session(spark)
+    if chosen is None:
+        raise CourseInputError("ray_cluster() needs a SparkSession: start the cluster (LocalCluster) first.")
+    return chosen
 
 
 def _worker_count(spark, workers: int | None, cpus_per_worker: int) -> int:

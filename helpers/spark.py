@@ -20,6 +20,7 @@ from helpers.validation import whole_number
 from helpers.workdir import work_dir
 
 __all__ = [
+    "active_session",
     "check_gpu_per_task",
     "configure_python_env",
     "driver_memory",
@@ -81,6 +82,22 @@ def _network_conf(master: str | None) -> dict[str, str]:
     address = LOOPBACK if host is None or host in ("127.0.0.1", "localhost") else driver_address(host)
     os.environ["SPARK_LOCAL_IP"] = address
     return {"spark.driver.host": address, "spark.driver.bindAddress": address}
+
+
+def active_session(spark=None):
+    """``spark``, else this thread's active SparkSession, else the process's default one; made this thread's active
+    session, for libraries that look only there (Ray on Spark, ``horovod.spark``). PySpark keeps the active session
+    per thread, and we saw it gone from the notebook's own thread after a cancelled job.
+
+    Returns:
+        The session, or None when the process has none.
+    """
+    from pyspark.sql import SparkSession
+
+    chosen = spark or SparkSession.getActiveSession() or SparkSession._instantiatedSession
+    if chosen is not None:
+        chosen._jvm.SparkSession.setActiveSession(chosen._jsparkSession)
+    return chosen
 
 
 def port_conf() -> dict[str, str]:

@@ -260,5 +260,6 @@ def test_spark_mode_without_a_session_says_what_to_do(monkeypatch: pytest.Monkey
     from pyspark.sql import SparkSession
 
     monkeypatch.setattr(SparkSession, "getActiveSession", staticmethod(lambda: None))
+    monkeypatch.setattr(SparkSession, "_instantiatedSession", None)  # no session at all in this process
     with pytest.raises(CourseInputError, match="no active SparkSession"):
         HorovodRunner(np=2).run(rank_info, tag="x")
