@@ -300,7 +300,7 @@ class MultiHostCluster:
 
     @contextlib.contextmanager
     def link_down(self, host: str) -> Iterator[None]:
-        """While the block runs, ``host``'s network link is down: no reset, no process exit, its packets lost. Its
+        """While the block runs, worker ``host``'s network link is down: no reset, no process exit, packets lost. Its
         shared folder goes with it (the NFS server is on the other side of the link): writes there stay on the host.
         Afterwards the host is rebooted (:meth:`reboot`), as an instructor would do with a host that came back."""
         target = self.hosts[host]
@@ -314,7 +314,7 @@ class MultiHostCluster:
 
     @contextlib.contextmanager
     def frozen(self, host: str) -> Iterator[None]:
-        """While the block runs, every process of ``host`` is stopped (SIGSTOP), as on a host that hangs: its
+        """While the block runs, every process of worker ``host`` is stopped (SIGSTOP), as on a host that hangs: its
         kernel still answers, nothing else does. Afterwards the host is rebooted (:meth:`reboot`)."""
         enter = ["nsenter", "--target", str(self.hosts[host].pid), "--pid", "--mount", "--"]
         subprocess.run([*enter, "kill", "-STOP", "-1"], check=False)  # all but the host's PID 1 and kill itself
