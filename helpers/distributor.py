@@ -132,12 +132,12 @@ class _Watchdog(threading.Thread):
         self.poll_s = poll_s
         self.done = threading.Event()
         self.reason: str | None = None
+        self.task_failed = False  # the reason is a failed task, which may turn out a lost host (see why())
 
     def why(self) -> str | None:
         """Why the job ended: a host that lost its executors, else :attr:`reason` (a failed task is given
         :data:`helpers.lost_hosts.LOST_GRACE_S` to turn out a lost host)."""
-        failed_task = bool(self.reason and "task failed" in self.reason)
-        lost = self.executors.wait_for_loss(LOST_GRACE_S if failed_task else 0)
+        lost = self.executors.wait_for_loss(LOST_GRACE_S if self.task_failed else 0)
         return str(lost) if lost is not None else self.reason
 
     def run(self) -> None:
@@ -155,6 +155,7 @@ class _Watchdog(threading.Thread):
                         if stage and (stage.numFailedTasks > 0 or stage.currentAttemptId > 0):
                             failed += 1
                 if failed and self.reason is None:
+                    self.task_failed = True
                     self.reason = "a training task failed (its process raised, exited or was killed)"
                 if self.reason:
                     self.sc.cancelJobGroup(self.group)

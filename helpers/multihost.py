@@ -235,7 +235,7 @@ class MultiHostCluster:
     def without_shared_folder(self, host: str) -> Iterator[None]:
         """While the block runs, ``host`` has no shared mount: an empty folder of its own at :data:`SHARED_MOUNT`
         (a tmpfs over it), as on a worker where the NFS mount failed; writes there stay on the host."""
-        enter = ["nsenter", "--target", str(self.hosts[host].pid), "--mount", "--pid", "--"]
+        enter = self._inside(host)
         subprocess.run([*enter, "mount", "-t", "tmpfs", "tmpfs", SHARED_MOUNT], check=True)
         try:
             yield
@@ -265,7 +265,7 @@ class MultiHostCluster:
         real = next(f for f in metadata.distribution(distribution).files or [] if f.name == "METADATA").locate()
         fake = self.shared / f".fault-{host}-{distribution}-METADATA"
         fake.write_text(re.sub(r"(?m)^Version: .*$", f"Version: {version}", Path(real).read_text()))
-        enter = ["nsenter", "--target", str(self.hosts[host].pid), "--mount", "--pid", "--"]
+        enter = self._inside(host)
         subprocess.run([*enter, "mount", "--bind", f"{SHARED_MOUNT}/{fake.name}", str(real)], check=True)
         try:
             yield
@@ -304,19 +304,21 @@ class MultiHostCluster:
         shared folder goes with it (the NFS server is on the other side of the link): writes there stay on the host.
         Afterwards the host is rebooted (:meth:`reboot`), as an instructor would do with a host that came back."""
         target = self.hosts[host]
-        with self.without_shared_folder(host):
-            self._netns_run(target, ["ip", "link", "set", "eth0", "down"])
-            try:
-                yield
-            finally:
-                self._netns_run(target, ["ip", "link", "set", "eth0", "up"])
-        self.reboot(host)
+        try:
+            with self.without_shared_folder(host):
+                self._netns_run(target, ["ip", "link", "set", "eth0", "down"])
+                try:
+                    yield
+                finally:
+                    self._netns_run(target, ["ip", "link", "set", "eth0", "up"])
+        finally:
+            self.reboot(host)
 
     @contextlib.contextmanager
     def frozen(self, host: str) -> Iterator[None]:
         """While the block runs, every process of worker ``host`` is stopped (SIGSTOP), as on a host that hangs: its
         kernel still answers, nothing else does. Afterwards the host is rebooted (:meth:`reboot`)."""
-        enter = ["nsenter", "--target", str(self.hosts[host].pid), "--pid", "--mount", "--"]
+        enter = self._inside(host)
         subprocess.run([*enter, "kill", "-STOP", "-1"], check=False)  # all but the host's PID 1 and kill itself
         try:
             yield
@@ -327,8 +329,8 @@ class MultiHostCluster:
         """Kill every process of worker ``host`` and start its Spark worker again; returns once the master lists
         a new worker ALIVE on that host (it lists the old one too until its ``spark.worker.timeout``, 60 s)."""
         address = self.hosts[host].address
-        replaced = [worker_id for worker_id in self._worker_ids() if worker_id.split("-")[2] == address]
-        enter = ["nsenter", "--target", str(self.hosts[host].pid), "--pid", "--mount", "--"]
+        replaced = [worker_id for worker_id, _ in self._master_workers() if worker_id.split("-")[2] == address]
+        enter = self._inside(host)
         subprocess.run([*enter, "kill", "-KILL", "-1"], check=False)
         service = self.services.pop(host)
         service.kill()  # nsenter outside the host: it stops itself when its child is stopped, and stays stopped
@@ -340,7 +342,7 @@ class MultiHostCluster:
     def mlflow_down(self) -> Iterator[None]:
         """While the block runs, the MLflow server is not running (every process of its host killed); it is started
         again afterwards, on the same store."""
-        enter = ["nsenter", "--target", str(self.hosts["mlflow"].pid), "--pid", "--mount", "--"]
+        enter = self._inside("mlflow")
         subprocess.run([*enter, "kill", "-KILL", "-1"], check=False)  # all but the host's PID 1 and kill itself
         self.services.pop("mlflow").wait(timeout=30)
         try:
@@ -348,6 +350,10 @@ class MultiHostCluster:
         finally:
             self._start_mlflow()
             self._wait_for_services()
+
+    def _inside(self, host: str) -> list[str]:
+        """The start of a command that runs in ``host``'s mounts and among its processes (not its network)."""
+        return ["nsenter", "--target", str(self.hosts[host].pid), "--mount", "--pid", "--"]
 
     @staticmethod
     def _netns_run(host: Host, argv: list[str], stdin: str = "") -> None:
@@ -511,20 +517,15 @@ class MultiHostCluster:
     def _wait_for_services(self, replaced: Sequence[str] = ()) -> None:
         """Poll, from the driver host, the master's JSON (one ALIVE worker per worker host, none of them one of the
         ``replaced`` worker ids) and MLflow's health endpoint."""
-        probe = (
-            "import json, sys, urllib.request as u\n"
-            f"state = json.load(u.urlopen('http://spark-master:{MASTER_UI_PORT}/json/', timeout=2))\n"
-            f"u.urlopen('{self.mlflow_uri}/health', timeout=2)\n"
-            "print(json.dumps([w['id'] for w in state['workers'] if w['state'] == 'ALIVE']))\n"
-        )
         deadline = time.monotonic() + self.start_timeout
         while True:
             for name, service in self.services.items():
                 if service.poll() is not None:
                     raise RuntimeError(f"{name} exited with code {service.returncode}; see {self.log_dir / name}.log")
             try:
-                alive = json.loads(self.check_output("driver", [sys.executable, "-c", probe], timeout=20))
-                hosts = {worker_id.split("-")[2] for worker_id in alive if worker_id not in replaced}
+                workers = self._master_workers(mlflow_too=True)
+                alive = [worker_id for worker_id, state in workers if state == "ALIVE" and worker_id not in replaced]
+                hosts = {worker_id.split("-")[2] for worker_id in alive}
                 if hosts >= {host.address for host in self.workers}:
                     return
             except (subprocess.CalledProcessError, subprocess.TimeoutExpired, ValueError):
@@ -536,14 +537,18 @@ class MultiHostCluster:
                 )
             time.sleep(1)
 
-    def _worker_ids(self) -> list[str]:
-        """The ids of the workers the master lists (``worker-<date>-<address>-<port>``), whatever their state."""
+    def _master_workers(self, mlflow_too: bool = False) -> list[tuple[str, str]]:
+        """Each worker the master lists, whatever its state, as ``(id, state)`` (the id is
+        ``worker-<date>-<address>-<port>``), asked from the driver host; with ``mlflow_too``, raises unless MLflow's
+        health endpoint answers as well."""
         probe = (
             "import json, urllib.request as u\n"
             f"state = json.load(u.urlopen('http://spark-master:{MASTER_UI_PORT}/json/', timeout=2))\n"
-            "print(json.dumps([w['id'] for w in state['workers']]))\n"
+            + (f"u.urlopen('{self.mlflow_uri}/health', timeout=2)\n" if mlflow_too else "")
+            + "print(json.dumps([[w['id'], w['state']] for w in state['workers']]))\n"
         )
-        return json.loads(self.check_output("driver", [sys.executable, "-c", probe], timeout=20))
+        listed = json.loads(self.check_output("driver", [sys.executable, "-c", probe], timeout=20))
+        return [(worker_id, state) for worker_id, state in listed]
 
 
 def _kill(pid: int) -> None:
