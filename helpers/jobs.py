@@ -31,6 +31,7 @@ from typing import Any
 import cloudpickle
 
 from helpers.network import pin_interface
+from helpers.processes import end_with_parent
 from helpers.spark import worker_env
 from helpers.validation import whole_number
 from helpers.workdir import work_dir
@@ -447,7 +448,8 @@ class WorkerCall:
     The driver's MLflow credentials for a Databricks workspace (:func:`worker_credentials`) and the variables of
     the parameter file's ``runner.env`` (:func:`helpers.spark.worker_env`) are taken when the call is made and set
     in every process, so that rank 0 can log from a Spark task; the driver's active experiment and run ids are
-    removed; Gloo and NCCL get the interface that :func:`helpers.network.pin_interface` chooses.
+    removed; Gloo and NCCL get the interface that :func:`helpers.network.pin_interface` chooses. The process ends
+    with the one that started it (:func:`helpers.processes.end_with_parent`).
     """
 
     def __init__(self, fn: Callable[..., Any], job: JobFolder, rank_env: str, setup: Callable[[], None] | None = None):
@@ -462,6 +464,7 @@ class WorkerCall:
             os.environ.pop(name, None)
         os.environ.update(self.env)
         os.environ[JOB_DIR_ENV] = self.job_path
+        end_with_parent()
         JobFolder(self.job_path).record_host(int(os.environ.get(self.rank_env, "0")), socket.gethostname())
         pin_interface()
         if self.setup is not None:

@@ -10,11 +10,20 @@ import atexit
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable
 
 import psutil
 
-__all__ = ["clean_up_at_exit", "kill_tree", "process_tree", "signal_all", "stop_processes", "tree_memory"]
+__all__ = [
+    "clean_up_at_exit",
+    "end_with_parent",
+    "kill_tree",
+    "process_tree",
+    "signal_all",
+    "stop_processes",
+    "tree_memory",
+]
 
 # What clean_up_at_exit was given: run, in order, at interpreter exit and on SIGTERM/SIGHUP.
 _CLEANUPS: list[Callable[[], None]] = []
@@ -131,3 +140,24 @@ def kill_tree(pid: int, timeout: float = 10.0) -> list[psutil.Process]:
         The processes still alive after ``timeout`` (normally none).
     """
     return stop_processes(process_tree(pid), timeout, (signal.SIGKILL,))
+
+
+def end_with_parent(poll_s: float = 0.5) -> None:
+    """SIGKILL this process and its descendants as soon as the process that started it is gone.
+
+    A training process waits in a collective until the stall bound when a peer is lost; its launcher is meant to
+    stop it, but may die first: PySpark's TorchDistributor wrapper SIGKILLs ``torchrun`` half a second after Spark
+    kills the task, before ``torchrun`` stops its workers (and a rank inside a collective does not run Python's
+    SIGTERM handler). This watch, in a daemon thread, ends such an orphan within ``poll_s``.
+
+    Args:
+        poll_s: seconds between looks at the parent.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        signal_all(reversed(process_tree(os.getpid())), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="end-with-parent", daemon=True).start()

@@ -134,10 +134,10 @@ def test_a_cluster_is_torn_down_after_an_error_and_on_sigterm(tmp_path):
         assert leftovers(cluster_id) == [], how
 
 
-def preflight(cluster: MultiHostCluster, params: str = "params/multihost.yaml") -> tuple[int, dict, str]:
-    """``python -m helpers.course preflight`` on the driver host: its exit status, its rows by (item, host) as
-    (result, found, what to do), and its output."""
-    command = [sys.executable, "-m", "helpers.course", "preflight", "--params", params]
+def preflight(cluster: MultiHostCluster, *options: str, params: str = "params/multihost.yaml") -> tuple[int, dict, str]:
+    """``python -m helpers.course preflight`` on the driver host with ``options``: its exit status, its rows by (item,
+    host) as (result, found, what to do), and its output."""
+    command = [sys.executable, "-m", "helpers.course", "preflight", "--params", params, *options]
     process = cluster.run("driver", command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out, _ = process.communicate(timeout=600)
     lines = out.splitlines()
@@ -172,7 +172,7 @@ def test_each_fault_of_a_host_fails_exactly_its_own_preflight_row(multihost):
         multihost.name_resolving_to_loopback("worker-2"),
         multihost.mlflow_down(),
     ):
-        status, rows, out = preflight(multihost, f"{SHARED_MOUNT}/{unnamed.name}")
+        status, rows, out = preflight(multihost, params=f"{SHARED_MOUNT}/{unnamed.name}")
     failed = {key: row for key, row in rows.items() if row[0] == "FAIL"}
     assert status == 1, out[-4000:]
     assert set(failed) == {("shared folder", "worker-2"), ("versions", "worker-1"), ("host name", "worker-2"),
@@ -183,21 +183,33 @@ def test_each_fault_of_a_host_fails_exactly_its_own_preflight_row(multihost):
     assert rows[("launchers", "all")][0] == "skip"
 
 
+FIREWALL_BOUND_S = 30  # a healthy launcher row takes about 20 s here; blocked, it would wait the default 90 s
+
+
 def test_the_preflight_fails_the_launcher_rows_when_a_firewall_blocks_the_ports_between_workers(multihost):
     # only Spark's pinned ports (COURSE_SPARK_PORTS in params/multihost.yaml) are open between workers
     spark_ports = int(PARAMS.env["COURSE_SPARK_PORTS"])
-    with multihost.ports_blocked_between_workers(spark_ports):
-        status, rows, out = preflight(multihost)
+    with multihost.ports_blocked_between_workers(spark_ports):  # each launcher row fails after --bound seconds
+        status, rows, out = preflight(multihost, "--bound", str(FIREWALL_BOUND_S))
     failed = {key: row for key, row in rows.items() if row[0] == "FAIL"}
     expected = {("torch_distributor", "all")} | ({("horovod", "all")} if horovod_installed() else set())
     assert status == 1 and set(failed) == expected, out[-4000:]
     assert all("open the ports between the workers" in fix for _, _, fix in failed.values()), failed
 
 
-HOST_FAULTS = ("torch_distributor:link_down", "horovod:frozen", "torch_distributor:frozen", "horovod:link_down")
+# each launcher once and each fault once: both faults reach a launcher the same way (Spark's heartbeat expiry, seen
+# by helpers.lost_hosts.ExecutorLoss), and each launcher's way of ending its job does not depend on the fault
+HOST_FAULTS = ("torch_distributor:link_down", "horovod:frozen")
 HEARTBEAT_S = 30  # params/multihost.yaml: COURSE_HEARTBEAT_TIMEOUT_S (the stall bound there is 180 s)
 NOTICE_SLACK_S = 40  # after the bound: the driver's check every tenth of it, cancelling the job, Horovod's grace
-TRAINING_MARKERS = ("torch.distributed.run", "torch_run_process_wrapper", "gloo_exec_fn", "horovod.spark.task")
+# the launchers and the training processes (TorchDistributor writes its ranks' script as train.py)
+TRAINING_MARKERS = (
+    "torch.distributed.run",
+    "torch_run_process_wrapper",
+    "train.py",
+    "gloo_exec_fn",
+    "horovod.spark.task",
+)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,11 @@ cluster of separate hosts in tests/test_multihost.py."""
 
 from __future__ import annotations
 
-from helpers.course.preflight import Row, _host_rows, host_facts, table
+import argparse
+
+import pytest
+
+from helpers.course.preflight import Row, _host_rows, add_arguments, host_facts, table
 
 JAVA = 'openjdk version "17.0.15" 2025-04-15'
 EXPECT = {"use_gpu": True, "tracking_uri": "http://mlflow:5000", "data_dir": "/data/flowers", "pretrained": True}
@@ -58,3 +62,16 @@ def test_this_host_reports_its_versions_and_java():
     found = host_facts({"data_dir": None})
     assert found["versions"]["torch"] and found["versions"]["python"].startswith("3.")
     assert found["java"].startswith(("openjdk", "java")) and found["mlflow"] == ""
+
+
+@pytest.mark.parametrize("bound", ["0", "-5", "soon"])
+def test_a_bound_that_is_not_a_positive_number_is_one_line_that_says_what_to_give(bound, capsys):
+    parser = argparse.ArgumentParser(prog="preflight")
+    add_arguments(parser)
+    assert parser.parse_args(["--params", "p.yaml", "--bound", "45"]).bound == 45
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--params", "p.yaml", "--bound", bound])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert (
+        error == f"preflight: error: argument --bound: {bound!r} is not a positive number of seconds (e.g. --bound 90)"
+    )

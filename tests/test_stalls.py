@@ -10,6 +10,7 @@ per-notebook timeout is pinned too.
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import time
@@ -60,9 +61,10 @@ def horovod_steps(batches: int, skip: int | None, tracking_uri: str) -> None:
     import horovod.torch as hvd
     import torch
 
-    hvd.init()
-    own = (3, None) if hvd.rank() == 0 else (batches, skip)
-    with _mlflow_run(hvd.rank(), tracking_uri):
+    rank = int(os.environ["HOROVOD_RANK"])
+    with _mlflow_run(rank, tracking_uri):
+        hvd.init()  # after rank 0 opened its run (seconds on a loaded machine): the ranks start the steps together
+        own = (3, None) if rank == 0 else (batches, skip)
         for step in range(own[0]):
             if step != own[1]:
                 hvd.allreduce(torch.ones(4), name="grad")
@@ -83,6 +85,7 @@ def ddp_steps(batches: int, skip: int | None, tracking_uri: str) -> None:
     rank = dist.get_rank()
     own = (3, None) if rank == 0 else (batches, skip)
     with _mlflow_run(rank, tracking_uri):
+        dist.monitored_barrier(timeout=timedelta(seconds=120))  # rank 0 opened its run: start the steps together
         for step in range(own[0]):
             if step != own[1]:
                 dist.all_reduce(torch.ones(4))

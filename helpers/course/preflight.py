@@ -243,22 +243,22 @@ def _horovod_allreduce() -> float:
     return hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()
 
 
-def _collective(spark, item: str, run: Callable[[], str], fix: str) -> Row:
-    """Run one launcher's collective, its Spark jobs cancelled after :data:`COLLECTIVE_BOUND_S` (a rendezvous whose
-    port is blocked would wait ten minutes); its row (the first line of what it raised, if it did)."""
+def _collective(spark, item: str, run: Callable[[], str], fix: str, bound_s: float) -> Row:
+    """Run one launcher's collective, its Spark jobs cancelled after ``bound_s`` seconds (a rendezvous whose port is
+    blocked would wait ten minutes); its row (the first line of what it raised, if it did)."""
     cancelled = threading.Event()
 
     def cancel() -> None:
         cancelled.set()
         spark.sparkContext.cancelAllJobs()
 
-    timer = threading.Timer(COLLECTIVE_BOUND_S, cancel)
+    timer = threading.Timer(bound_s, cancel)
     timer.start()
     try:
         return Row(item, "all", True, run())
     except Exception as exc:  # any failure of the launcher is the finding
         if cancelled.is_set():
-            found = f"no result in {COLLECTIVE_BOUND_S} s: the processes on different hosts did not meet"
+            found = f"no result in {bound_s:g} s: the processes on different hosts did not meet"
         else:
             first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
             found = f"{type(exc).__name__}: {first[:200]}"
@@ -267,8 +267,9 @@ def _collective(spark, item: str, run: Callable[[], str], fix: str) -> Row:
         timer.cancel()
 
 
-def _launcher_rows(spark, processes: int, ray: bool) -> list[Row]:
-    """An allreduce across hosts with each launcher that trains on the workers (Ray on Spark with ``ray``)."""
+def _launcher_rows(spark, processes: int, ray: bool, bound_s: float) -> list[Row]:
+    """An allreduce across hosts with each launcher that trains on the workers (Ray on Spark with ``ray``), each
+    given ``bound_s`` seconds."""
     from helpers.devices import horovod_installed
     from helpers.distributor import make_distributor, run_with_distributor
     from helpers.network import INTERFACE_ENV
@@ -296,11 +297,11 @@ def _launcher_rows(spark, processes: int, ray: bool) -> list[Row]:
             nodes = cluster.nodes()
         return f"{len(nodes)} Ray nodes at {sorted({n['NodeManagerAddress'] for n in nodes})}"
 
-    rows = [_collective(spark, "torch_distributor", torch_distributor, ports)]
+    rows = [_collective(spark, "torch_distributor", torch_distributor, ports, bound_s)]
     if horovod_installed():
-        rows.append(_collective(spark, "horovod", horovod, ports))
+        rows.append(_collective(spark, "horovod", horovod, ports, bound_s))
     if ray:
-        rows.append(_collective(spark, "ray", ray_on_spark, ports))
+        rows.append(_collective(spark, "ray", ray_on_spark, ports, bound_s))
     return rows
 
 
@@ -341,12 +342,13 @@ def _experiment_id(uri: str | None) -> tuple[str | None, Row | None]:
         return None, Row("mlflow", "driver", False, first, f"start the tracking server at {uri}")
 
 
-def preflight(params_path: str, ray: bool = False) -> list[Row]:
+def preflight(params_path: str, ray: bool = False, bound_s: float = COLLECTIVE_BOUND_S) -> list[Row]:
     """Check the cluster of a parameter file from this driver (see the module).
 
     Args:
         params_path: the parameter file (its lesson-4 section names the master and the training processes).
         ray: also start Ray on Spark and check its nodes.
+        bound_s: the seconds each launcher's row may take before it fails (start-up, rendezvous, collective).
 
     Returns:
         The table's rows, the failing ones with a fix.
@@ -387,7 +389,7 @@ def preflight(params_path: str, ray: bool = False) -> list[Row]:
         ]
         if any(shared.values()):
             return rows + [Row("launchers", "all", None, "not run: they need the shared folder on every host")]
-        return rows + _launcher_rows(spark, n, ray)
+        return rows + _launcher_rows(spark, n, ray, bound_s)
     finally:
         cluster.stop()
 
@@ -400,6 +402,17 @@ def table(rows: list[Row]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line[:4], widths)) + "  " + line[4] for line in lines)
 
 
+def _seconds(text: str) -> float:
+    """``--bound``: a positive number of seconds, else argparse's one-line error."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds (e.g. --bound 90)")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``preflight`` subcommand's options.
 
@@ -410,6 +423,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--params", required=True, help="the parameter file of the cluster (e.g. params/gpu_cluster.yaml)"
     )
     parser.add_argument("--ray", action="store_true", help="also start Ray on Spark on the workers (about a minute)")
+    parser.add_argument(
+        "--bound", type=_seconds, default=COLLECTIVE_BOUND_S, metavar="SECONDS",
+        help=f"the seconds each launcher's row may take before it fails (default {COLLECTIVE_BOUND_S}; raise it where "
+        "processes start slowly)",
+    )  # fmt: skip
 
 
 def command(args: argparse.Namespace) -> int:
@@ -418,7 +436,7 @@ def command(args: argparse.Namespace) -> int:
     Returns:
         0 when every row is ok, 1 otherwise.
     """
-    rows = preflight(args.params, ray=args.ray)
+    rows = preflight(args.params, ray=args.ray, bound_s=args.bound)
     print(table(rows), flush=True)
     failed = [row for row in rows if row.ok is False]
     print(
