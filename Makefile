@@ -5,7 +5,7 @@ SETUP_DONE := .venv/.setup-done
 DEEPSPEED_OP_DONE := .venv/.deepspeed-op-done
 GPU ?= 0
 
-.PHONY: setup course lint test test-fast lessons lab mlflow clean bench test-packages
+.PHONY: setup course lint test test-fast test-lesson lessons lab mlflow clean bench test-packages
 
 setup: $(SETUP_DONE) $(DEEPSPEED_OP_DONE)
 
@@ -48,6 +48,11 @@ test: lint test-packages
 test-fast: lint
 	$(PY) -m helpers.course build --check
 	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow"
+
+# One lesson's tests for the inner loop (its notebook runs, its answer corpus, the helpers and launchers it teaches
+# with; tests/conftest.py lists them), e.g. `make test-lesson L=4`.
+test-lesson: lint
+	$(PY) -m pytest -q -n 2 --dist loadgroup --lesson $(L)
 
 lessons: setup
 	$(PY) -m helpers.course build

@@ -100,12 +100,41 @@ def xdist_group(item: pytest.Item) -> str:
     return item.nodeid if item.path.name in SPREAD else item.path.name
 
 
+# `pytest --lesson N` (`make test-lesson L=N`): one lesson's tests for the inner loop: its notebook's runs, its answer
+# corpus and the tests of the helpers and launchers it teaches with.
+LESSON_TESTS = {
+    "0": ("test_environment.py",),
+    "1": ("test_answers_lesson1.py", "test_lake.py", "test_loaders.py", "test_datamodule.py"),
+    "2": ("test_answers_lesson2.py", "test_model_training.py", "test_tracking.py", "test_devices.py"),
+    "3": ("test_answers_lesson3.py", "test_horovod_runner.py", "test_horovod_strategy.py", "test_horovod_training.py",
+          "test_stalls.py", "test_jobs.py"),
+    "4": ("test_answers_lesson4.py", "test_cluster.py", "test_distributor.py", "test_multi_node_faults.py",
+          "test_lost_hosts.py", "test_network.py", "test_multihost.py", "test_preflight.py"),
+    "5": ("test_answers_lesson5.py", "test_analysis.py", "test_step_scaling.py"),
+    "6": ("test_answers_lesson6.py", "test_ray_on_spark.py", "test_deepspeed_launcher.py", "test_zero.py"),
+}  # fmt: skip
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--lesson", choices=sorted(LESSON_TESTS), help="run only the tests of this lesson (0-6)")
+
+
+def of_lesson(item: pytest.Item, lesson: str) -> bool:
+    """Whether ``item`` tests lesson ``lesson``: a run of its notebook (``[0N_...]``) or a module of its own."""
+    notebook = item.path.name in SPREAD and (f"[0{lesson}" in item.nodeid or f"lesson_{lesson}_" in item.name)
+    return notebook or item.path.name in LESSON_TESTS[lesson]
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the node ids it schedules by
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     def cost_rank(item: pytest.Item) -> int:
         names = (xdist_group(item), item.path.name)
         return next((i for i, name in enumerate(COSTLY_FIRST) if name in names), len(COSTLY_FIRST))
 
+    lesson = config.getoption("--lesson")
+    if lesson is not None:
+        config.hook.pytest_deselected(items=[item for item in items if not of_lesson(item, lesson)])
+        items[:] = [item for item in items if of_lesson(item, lesson)]
     items.sort(key=cost_rank)  # stable: each module keeps its own order
     for item in items:
         item.add_marker(pytest.mark.xdist_group(xdist_group(item)))

@@ -39,6 +39,15 @@ def alive(pids: list[int]) -> list[int]:
     return [pid for pid in pids if psutil.pid_exists(pid)]
 
 
+NO_HOROVOD = REPO / "tests" / "no_horovod"  # a `horovod` package whose import fails
+
+
+def no_horovod_env(pythonpath: str | None = None) -> dict[str, str]:
+    """The environment change that hides Horovod (as on Databricks Runtime 16.0 ML and later) from a process whose
+    ``PYTHONPATH`` would otherwise be ``pythonpath``."""
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(NO_HOROVOD), pythonpath]))}
+
+
 def start_driver(script: str, work: Path, *args: object) -> subprocess.Popen:
     """Start the driver program ``tests/scripts/<script>.py`` with ``args`` and ``work`` as its COURSE_WORK_DIR, with
     this interpreter and the repository on PYTHONPATH. stdout is piped, stderr (Spark's chatter) goes to
