@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,27 @@ TEMP_LITTER = (
 )
 
 
+# Where the time goes: seconds per test module and phase, summed over every test (each xdist worker's reports reach
+# the controller, which prints the table at the end; a shared fixture's start counts in the setup of its first test).
+_SECONDS: Counter[tuple[str, str]] = Counter()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _SECONDS[(report.nodeid.split("::")[0], report.when)] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    modules = Counter()
+    for (module, _), seconds in _SECONDS.items():
+        modules[module] += seconds
+    if not modules:
+        return
+    terminalreporter.write_sep("=", f"seconds per test module, {sum(modules.values()):.0f} s in all")
+    terminalreporter.write_line(f"{'total':>7} {'setup':>7}  module")
+    for module, seconds in modules.most_common():
+        terminalreporter.write_line(f"{seconds:7.0f} {_SECONDS[(module, 'setup')]:7.0f}  {module}")
+
+
 def litter(before: set[str], after: set[str]) -> list[str]:
     """The entries of the temporary folder that are new since ``before`` and named like the suite's tools' files
     (entries of unrelated processes on the machine do not count)."""
@@ -77,7 +99,6 @@ COSTLY_FIRST = (
     "test_without_horovod.py",
     "multihost",
     "cluster_session",
-    "ray_session",
     "test_analysis.py",
     "test_answers_lesson3.py",
     "test_answers_lesson4.py",
@@ -87,7 +108,7 @@ COSTLY_FIRST = (
 )
 
 
-SESSIONS = ("multihost", "cluster_session", "ray_session")  # session fixtures whose tests span modules
+SESSIONS = ("multihost", "cluster_session")  # session fixtures whose tests span modules
 
 
 def xdist_group(item: pytest.Item) -> str:
@@ -210,29 +231,28 @@ def digits_data(spark, digits_dir: Path):
 
 @pytest.fixture(scope="session")
 def cluster_session(tmp_path_factory) -> tuple[dict, str, Path]:
-    """One 2-worker cluster session, for test_cluster.py and test_multi_node_faults.py (a cluster start is the
-    slow part): tests/scripts/cluster_session.py run to its end; its report, its output and its work folder."""
+    """The suite's one 2-worker cluster session, for test_cluster.py, test_ray_on_spark.py, lesson 6's 6.2 answers and
+    test_multi_node_faults.py (a cluster and a Ray start are the slow part): tests/scripts/cluster_session.py run to
+    its end; its report, its output and its work folder."""
+    import json
+
     from tests.image_folders import make_image_folder
     from tests.processes import run_driver
 
     work = tmp_path_factory.mktemp("cluster-work")
     data = make_image_folder(tmp_path_factory.mktemp("cluster-data"), {"dark": 60, "light": 60}, size=(16, 16))
-    start_timeout, training_timeout = 180, 300  # generous: a cluster start takes 15-40 s on 2 busy cores
+    # generous: a cluster starts in 15-40 s and Ray in 50-180 s on 2 busy cores
+    start_timeout, training_timeout, ray_timeout = 180, 300, 900
     report, stdout = run_driver(
-        "cluster_session", work, 2 * start_timeout + training_timeout, data, start_timeout, training_timeout
-    )
+        "cluster_session", work, 2 * start_timeout + training_timeout + ray_timeout, data, start_timeout,
+        training_timeout,
+    )  # fmt: skip
+    ray = report["ray"]
+    print(f"\nRay on Spark session: {json.dumps(ray['timings_s'])}, peak {ray['peak_rss_mb']} MB")
     return report, stdout, work
 
 
 @pytest.fixture(scope="session")
-def ray_session(tmp_path_factory) -> dict:
-    """One Ray cluster on a 2-worker cluster, for test_ray_on_spark.py and lesson 6's 6.2 answers (a cluster and a
-    Ray start are the slow part): tests/scripts/ray_session.py run to its end; its report."""
-    import json
-
-    from tests.processes import run_driver
-
-    work = tmp_path_factory.mktemp("ray-session")
-    report, _ = run_driver("ray_session", work, 900)  # generous: Ray starts in 50-180 s on 2 busy cores
-    print(f"\nRay on Spark session: {json.dumps(report['timings_s'])}, peak {report['peak_rss_mb']} MB")
-    return report
+def ray_session(cluster_session) -> dict:
+    """The Ray part of the cluster session (tests/scripts/ray_session.py): its report."""
+    return cluster_session[0]["ray"]

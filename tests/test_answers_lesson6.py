@@ -2,8 +2,9 @@
 ones fail.
 
 Every answer goes through its real check (``helpers.course.checks._run``). 6.1, 6.3 and 6.4 run here, in this
-process (nothing is launched). 6.2 needs a Ray cluster on Spark workers: its answers run in the suite's one Ray
-session (the ``ray_session`` fixture, tests/scripts/ray_session.py), each through the check as the lesson runs it,
+process (nothing is launched). 6.2 needs a Ray cluster on Spark workers: its answers run in the Ray part of the
+suite's one cluster session (the ``ray_session`` fixture, tests/scripts/ray_session.py), each through the check as
+the lesson runs it,
 and the 6.2 tests judge the verdicts. Answers that fail in the check's simulated ranks never reach Ray; the others
 each run one short Ray Train job.
 """

@@ -1,7 +1,8 @@
 """A worker dies during TorchDistributor training on the local cluster: the job fails fast, the rerun resumes.
 
 One driver program, tests/scripts/cluster_session.py (a subprocess: a process holds one SparkContext, and the
-shared local ``spark`` fixture must stay usable), starts a 2-worker ``LocalCluster``, trains the lesson 2 model with
+shared local ``spark`` fixture must stay usable), starts a 2-worker ``LocalCluster`` (and runs Ray on it, for
+tests/test_ray_on_spark.py), trains the lesson 2 model with
 Lightning DDP on both workers, and as soon as the first epoch's checkpoint exists SIGKILLs worker 1 with its executor
 and training process, as a lost machine would die. The job must fail with ``DistributorError`` naming what happened
 and the last checkpoint, within a bounded time (Spark on its own would retry the barrier stage and wait minutes for

@@ -1,10 +1,10 @@
 """Ray on Spark (``helpers.ray_on_spark``) and Ray Train as a launcher (``helpers.ray_launcher``, ``train_with_ray``).
 
-The fast tests pin the one-line input errors without starting Ray. The slow ones judge the suite's one Ray session
-(the ``ray_session`` fixture: tests/scripts/ray_session.py, a separate driver program, since a process holds one
-SparkContext and the shared local ``spark`` must stay usable): a 2-worker ``LocalCluster``, lesson 1's digits, then
-one Ray cluster on its workers in which Lightning DDP trains on 2 Ray Train workers and a job whose rank 1 raises
-fails; then the shutdown.
+The fast tests pin the one-line input errors without starting Ray. The slow ones judge the Ray part of the suite's
+one cluster session (the ``ray_session`` fixture: tests/scripts/ray_session.py in the driver program
+tests/scripts/cluster_session.py, since a process holds one SparkContext and the shared local ``spark`` must stay
+usable): on its 2-worker ``LocalCluster``, lesson 1's digits, then one Ray cluster on its workers in which Lightning
+DDP trains on 2 Ray Train workers and a job whose rank 1 raises fails; then the shutdown.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_ray_train_needs_a_ray_cluster_and_a_worker_count():
         train_with_ray(None, None, 10, num_workers=1.5)
 
 
-# -- slow: one Ray cluster on a 2-worker Spark cluster (the ``ray_session`` driver, tests/scripts/ray_session.py) -----
+# -- slow: one Ray cluster on a 2-worker Spark cluster (the cluster session's Ray part, tests/scripts/ray_session.py)
 
 
 @pytest.mark.slow

@@ -1,6 +1,8 @@
-"""One 2-worker cluster session, shared by tests/test_cluster.py and tests/test_multi_node_faults.py (one cluster
-start instead of two): registration and a job; TorchDistributor training that loses worker 1, a replacement worker
-and the resumed rerun (tests/scripts/distributor_fault.py); a guest connection; then exit. Prints the report.
+"""The suite's one 2-worker cluster session, shared by tests/test_cluster.py, tests/test_ray_on_spark.py, the 6.2
+answers of tests/test_answers_lesson6.py and tests/test_multi_node_faults.py (one cluster start and one driver instead
+of two): registration and a job; Ray on Spark and Ray Train (tests/scripts/ray_session.py, while both workers are
+there); TorchDistributor training that loses worker 1, a replacement worker and the resumed rerun
+(tests/scripts/distributor_fault.py); a guest connection; then exit. Prints the report.
 
 Usage: ``python -m tests.scripts.cluster_session DATA_DIR START_TIMEOUT TRAINING_TIMEOUT`` with ``COURSE_WORK_DIR``
 set.
@@ -11,11 +13,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 from helpers.cluster import LocalCluster, alive_workers, master_state
 from helpers.spark import get_spark
 from tests.processes import alive, processes_of
 from tests.scripts.distributor_fault import lose_a_worker_and_resume
+from tests.scripts.ray_session import ray_on_the_cluster
 
 SIZING = ("spark.executor.cores", "spark.executor.memory", "spark.task.cpus", "spark.cores.max")
 
@@ -83,6 +87,7 @@ def main(data_dir: str, start_timeout: float, training_timeout: float) -> None:
     report = {"driver_python": sys.executable}
     with LocalCluster(workers=2, start_timeout=start_timeout) as cluster:
         report.update(registration(cluster, work))
+        report["ray"] = ray_on_the_cluster(cluster, Path(work))
         report.update(lose_a_worker_and_resume(cluster, data_dir, training_timeout))
         report["pids_before_guest"] = cluster.pids
         report.update(guest(cluster, start_timeout))  # last: the guest stops the driver's SparkContext
@@ -92,7 +97,7 @@ def main(data_dir: str, start_timeout: float, training_timeout: float) -> None:
     local = get_spark(cores=1)
     report["local_after_exit"] = [local.sparkContext.master, sizing(local)]
     local.stop()
-    print("REPORT " + json.dumps(report), flush=True)
+    print("REPORT " + json.dumps(report, default=str), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,11 @@
-"""One Ray cluster on a 2-worker Spark cluster, shared by tests/test_ray_on_spark.py and the 6.2 answers of
-tests/test_answers_lesson6.py (one cluster and one Ray start instead of two): a 2-worker ``LocalCluster``, lesson 1's
-digits prepared on it, Ray clusters that do not fit refused, then one Ray cluster on its workers: its nodes and
-ports, Lightning DDP on 2 Ray Train workers, a job whose rank 1 raises, every 6.2 answer through its check; then the
-shutdown. Prints one JSON report, which the tests judge.
-
-Usage: ``python -m tests.scripts.ray_session`` with ``COURSE_WORK_DIR`` set.
+"""The Ray part of the suite's one 2-worker cluster session (tests/scripts/cluster_session.py), judged by
+tests/test_ray_on_spark.py and the 6.2 answers of tests/test_answers_lesson6.py: lesson 1's digits prepared on the
+cluster, Ray clusters that do not fit refused, then one Ray cluster on its workers: its nodes and ports, Lightning DDP
+on 2 Ray Train workers, a job whose rank 1 raises, every 6.2 answer through its check; then the shutdown.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -167,9 +163,8 @@ def _check_answers(data, report: dict, timings: dict) -> None:
         timings[name] = round(time.monotonic() - started, 1)
 
 
-def session(work: Path) -> dict:
-    """The driver program's session (see the module's docstring): the report."""
-    from helpers.cluster import LocalCluster
+def ray_on_the_cluster(cluster, work: Path) -> dict:
+    """The Ray part of the session, on ``cluster`` (see the module's docstring): its report."""
     from helpers.data import embedded_digits
     from helpers.loaders import prepare_data
     from helpers.ray_on_spark import ray_cluster
@@ -177,28 +172,23 @@ def session(work: Path) -> dict:
     memory, timings = _PeakMemory(), {}
     memory.start()
     report: dict = {"timings_s": timings}
-    with LocalCluster(workers=2) as cluster:
-        spark = cluster.spark
-        data = prepare_data(embedded_digits(work), num_devices=2, spark=spark)
-        report["too_many_nodes"] = _error(lambda: _enter(ray_cluster(spark, workers=3)))
-        report["too_wide_nodes"] = _error(lambda: _enter(ray_cluster(spark, cpus_per_worker=2)))
+    spark = cluster.spark
+    data = prepare_data(embedded_digits(work), num_devices=2, spark=spark)
+    report["too_many_nodes"] = _error(lambda: _enter(ray_cluster(spark, workers=3)))
+    report["too_wide_nodes"] = _error(lambda: _enter(ray_cluster(spark, cpus_per_worker=2)))
+    started = time.monotonic()
+    with ray_cluster(spark) as ray_on_spark:
+        timings["ray_start"] = round(time.monotonic() - started, 1)
+        _train_and_fail(ray_on_spark, data, report, timings)
+        _check_answers(data, report, timings)
+        processes = ray_on_spark.processes()
         started = time.monotonic()
-        with ray_cluster(spark) as ray_on_spark:
-            timings["ray_start"] = round(time.monotonic() - started, 1)
-            _train_and_fail(ray_on_spark, data, report, timings)
-            _check_answers(data, report, timings)
-            processes = ray_on_spark.processes()
-            started = time.monotonic()
-        timings["ray_stop"] = round(time.monotonic() - started, 1)
-        report["ray_processes"] = len(processes)
-        report["left"] = _alive(processes)
-        report["left_by_scan"] = [p.pid for p in ray_on_spark.processes()]
-        report["temp_root_left"] = ray_on_spark.temp_root.exists()
-        report["spark_rows_after"] = spark.range(100).count()
+    timings["ray_stop"] = round(time.monotonic() - started, 1)
+    report["ray_processes"] = len(processes)
+    report["left"] = _alive(processes)
+    report["left_by_scan"] = [p.pid for p in ray_on_spark.processes()]
+    report["temp_root_left"] = ray_on_spark.temp_root.exists()
+    report["spark_rows_after"] = spark.range(100).count()
     memory.done.set()
     report["peak_rss_mb"] = memory.peak_mb
     return report
-
-
-if __name__ == "__main__":
-    print("REPORT " + json.dumps(session(Path(os.environ["COURSE_WORK_DIR"])), default=str), flush=True)
