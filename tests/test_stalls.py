@@ -81,11 +81,18 @@ def ddp_steps(batches: int, skip: int | None, tracking_uri: str) -> None:
 
     from helpers.jobs import stall_timeout_s
 
-    dist.init_process_group("gloo", timeout=timedelta(seconds=stall_timeout_s()))
-    rank = dist.get_rank()
-    own = (3, None) if rank == 0 else (batches, skip)
+    rank = int(os.environ["RANK"])
+    opened = Path(tracking_uri.removeprefix("sqlite:///")).with_suffix(".opened")
     with _mlflow_run(rank, tracking_uri):
-        dist.monitored_barrier(timeout=timedelta(seconds=120))  # rank 0 opened its run: start the steps together
+        # the steps start together once rank 0 has opened its run (seconds on a loaded machine): a file, not a
+        # collective, since every collective here, the process group's start included, is bounded by the stall bound
+        if rank == 0:
+            opened.touch()
+        deadline = time.monotonic() + 120
+        while not opened.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        dist.init_process_group("gloo", timeout=timedelta(seconds=stall_timeout_s()))
+        own = (3, None) if rank == 0 else (batches, skip)
         for step in range(own[0]):
             if step != own[1]:
                 dist.all_reduce(torch.ones(4))
