@@ -42,6 +42,7 @@ from helpers.jobs import (
 )
 from helpers.lost_hosts import LOST_GRACE_S, ExecutorLoss, LostHostError
 from helpers.network import INTERFACE_ENV
+from helpers.ports import HOROVOD_PORTS_ENV, horovod_ports
 from helpers.shared_storage import check_shared_folder
 from helpers.spark import active_session, check_gpu_per_task, configure_python_env
 from helpers.validation import check_flag, one_of
@@ -227,6 +228,21 @@ def _check_local_gpus(np: int, gpus: int, support: dict[str, bool]) -> None:
         )
 
 
+def _check_pinned_ports() -> None:
+    """Where ``COURSE_HOROVOD_PORTS`` is set, it must be a range and the installed Horovod must read it (the build of
+    scripts/install_horovod.sh); stock Horovod would pick random ports that a firewall blocks, and fail much later."""
+    if horovod_ports() is None:
+        return
+    from horovod.runner.util import network
+
+    if not hasattr(network, "_course_port_range"):
+        raise CourseInputError(
+            f"{HOROVOD_PORTS_ENV} is set, but this Horovod picks random ports in 1024-65535 (only the one `make setup` "
+            "builds reads it): rebuild Horovod with scripts/install_horovod.sh, or unset it and open those ports "
+            "between the hosts."
+        )
+
+
 class HorovodRunner:
     """Run a training function on ``|np|`` Horovod processes and return rank 0's result.
 
@@ -335,6 +351,7 @@ class HorovodRunner:
             )
         if self.use_gpu:
             check_gpu_per_task(spark, f"HorovodRunner(np={self.np})")
+        _check_pinned_ports()
         check_shared_folder(spark, work_dir())
         slots = spark.sparkContext.defaultParallelism
         if self.num_processes > slots:

@@ -9,7 +9,9 @@ host of its own on this machine (needs root, or CAP_SYS_ADMIN and CAP_NET_ADMIN)
 
 * **Network.** One network namespace per host, joined by veth pairs to a bridge that lives in a namespace of its
   own: every host has one address on a private ``/24`` with no route anywhere else, and ``/etc/hosts`` entries
-  (``ip netns exec`` binds ``/etc/netns/<ns>/hosts`` over ``/etc/hosts``) for every host's name.
+  (``ip netns exec`` binds ``/etc/netns/<ns>/hosts`` over ``/etc/hosts``) for every host's name. Every host's
+  ephemeral ports are :data:`EPHEMERAL_PORTS`, as an instructor pins them for a firewall (:mod:`helpers.ports`);
+  :meth:`MultiHostCluster.firewall` puts one between the hosts.
 * **A host.** A process that is PID 1 of its own PID, mount and UTS namespaces inside that network namespace: its own
   hostname, its own ``/proc`` (only its processes), its own ``/tmp`` (a tmpfs), and the shared folder bind-mounted at
   :data:`SHARED_MOUNT` (the same path on every host, as an NFS mount would be). Every other path, the checkout and
@@ -46,10 +48,19 @@ from helpers.processes import clean_up_at_exit
 from helpers.spark import find_java_home
 from helpers.validation import whole_number
 
-__all__ = ["Host", "MultiHostCluster", "NamespaceUnavailable", "leftovers", "namespaces_available"]
+__all__ = [
+    "EPHEMERAL_PORTS",
+    "Firewall",
+    "Host",
+    "MultiHostCluster",
+    "NamespaceUnavailable",
+    "leftovers",
+    "namespaces_available",
+]
 
 SHARED_MOUNT = "/mnt/shared"  # the shared folder's path on every host (params/multihost.yaml names it)
 MASTER_PORT, MASTER_UI_PORT, MLFLOW_PORT = 7077, 8080, 5000
+EPHEMERAL_PORTS = (40000, 44999)  # every host's net.ipv4.ip_local_port_range: where "any free port" comes from
 PREFIX = "sdl"  # every namespace this module makes starts with it, followed by a cluster id
 NETNS_ETC = Path("/etc/netns")
 REPO = Path(__file__).resolve().parent.parent
@@ -139,6 +150,30 @@ def _ip(*args: str) -> None:
     done = subprocess.run(["ip", *args], capture_output=True, text=True)
     if done.returncode != 0:
         raise NamespaceUnavailable(f"ip {' '.join(args)}: {done.stderr.strip()}")
+
+
+class Firewall:
+    """The firewall of :meth:`MultiHostCluster.firewall` while it stands."""
+
+    TABLE = "course_firewall"
+
+    def __init__(self, hosts: Sequence[Host]):
+        self.hosts = hosts
+
+    def dropped(self) -> dict[str, list[int]]:
+        """The ports each host dropped connections to so far, for hosts that dropped any."""
+        found = {}
+        for host in self.hosts:
+            listing = subprocess.run(
+                ["ip", "netns", "exec", host.netns, "nft", "-j", "list", "set", "inet", self.TABLE, "dropped"],
+                capture_output=True, text=True,
+            )  # fmt: skip
+            sets = [item["set"] for item in json.loads(listing.stdout or "{}").get("nftables", []) if "set" in item]
+            elements = [element for item in sets for element in item.get("elem", [])]
+            ports = sorted(e if isinstance(e, int) else e.get("elem", {}).get("val") for e in elements)
+            if ports:
+                found[host.name] = ports
+        return found
 
 
 class MultiHostCluster:
@@ -274,28 +309,31 @@ class MultiHostCluster:
             fake.unlink()
 
     @contextlib.contextmanager
-    def ports_blocked_between_workers(self, spark_ports: int | None = None) -> Iterator[None]:
-        """While the block runs, a firewall on every worker drops each new connection from another worker (nftables
-        in the worker's network namespace), except to Spark's pinned ports ``spark_ports`` to ``spark_ports + 18``
-        (:func:`helpers.spark.port_conf`), as on a cluster where only Spark's ports were opened: Spark works, the
-        training processes' rendezvous and collectives cannot meet."""
-        if len(self.workers) < 2:
-            raise CourseInputError("ports_blocked_between_workers() needs 2 workers or more, e.g. worker_cores=(2, 1).")
-        from helpers.spark import SPARK_PORT_RETRIES
-
-        spark = [f"tcp dport {spark_ports}-{spark_ports + 2 + SPARK_PORT_RETRIES} accept"] if spark_ports else []
-        table = "course_firewall"
+    def firewall(self, allowed: Sequence[tuple[int, int]], hosts: Sequence[str] | None = None) -> Iterator[Firewall]:
+        """While the block runs, each of ``hosts`` (every host by default) drops each new connection from another of
+        them, except TCP to the ``allowed`` port ranges (inclusive pairs): nftables in the host's network namespace.
+        Yields a :class:`Firewall`, which tells which ports it dropped connections to."""
+        chosen = [self.hosts[name] for name in (hosts or self.hosts)]
+        if len(chosen) < 2:
+            raise CourseInputError("firewall() stands between hosts: name 2 hosts or more, e.g. hosts=None for all.")
+        ports = ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in allowed)
+        firewall = Firewall(chosen)
         try:
-            for worker in self.workers:
-                others = ", ".join(other.address for other in self.workers if other is not worker)
-                rules = "\n".join(f"  ip saddr {{ {others} }} {rule}" for rule in [*spark, "ct state new drop"])
-                chain = "  type filter hook input priority 0; policy accept;"
-                text = f"table inet {table} {{\n chain input {{\n{chain}\n{rules}\n }}\n}}\n"
-                self._netns_run(worker, ["nft", "-f", "-"], text)
-            yield
+            for host in chosen:
+                others = "ip saddr { " + ", ".join(other.address for other in chosen if other is not host) + " }"
+                rules = [f"{others} tcp dport {{ {ports} }} accept"] if ports else []
+                rules += [f"{others} ct state new meta l4proto tcp add @dropped {{ tcp dport }} drop",
+                          f"{others} ct state new drop"]  # fmt: skip
+                text = (
+                    f"table inet {Firewall.TABLE} {{\n set dropped {{ type inet_service; flags dynamic; }}\n"
+                    " chain input {\n  type filter hook input priority 0; policy accept;\n"
+                    + "".join(f"  {rule}\n" for rule in rules) + " }\n}\n"
+                )  # fmt: skip
+                self._netns_run(host, ["nft", "-f", "-"], text)
+            yield firewall
         finally:
-            for worker in self.workers:
-                subprocess.run(["ip", "netns", "exec", worker.netns, "nft", "delete", "table", "inet", table],
+            for host in chosen:
+                subprocess.run(["ip", "netns", "exec", host.netns, "nft", "delete", "table", "inet", Firewall.TABLE],
                                capture_output=True)  # fmt: skip
 
     @contextlib.contextmanager
@@ -439,6 +477,8 @@ class MultiHostCluster:
             _ip("-n", host.netns, "addr", "add", f"{host.address}/{self.prefix_len}", "dev", "eth0")
             _ip("-n", host.netns, "link", "set", "eth0", "up")
             _ip("-n", host.netns, "link", "set", "lo", "up")
+            ephemeral = "net.ipv4.ip_local_port_range={} {}".format(*EPHEMERAL_PORTS)
+            subprocess.run(["ip", "netns", "exec", host.netns, "sysctl", "-q", "-w", ephemeral], check=True)
             etc = NETNS_ETC / host.netns
             etc.mkdir(parents=True, exist_ok=True)
             (etc / "hosts").write_text(hosts_file)

@@ -6,7 +6,7 @@ What a cluster of several hosts needs that one machine's loopback hides: the dri
 workers reach, executors following each worker's slots, the shared folder checked from every host, the parameter
 file's environment reaching every training process, one interface choice for every launcher (a host whose name
 resolves to 127.0.1.1 included), and lessons 4, 5 (ON_SPARK, without Horovod) and 6 running end to end with every check
-passing.
+passing behind a firewall that opens only the ports the instructor guide lists (helpers.ports).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from helpers.course.build import read_notebook, structure
 from helpers.course.checks import LOG_ENV, PASSED
 from helpers.course.run import kernel_env, load_params
 from helpers.devices import horovod_installed
-from helpers.multihost import SHARED_MOUNT, MultiHostCluster, leftovers, namespaces_available
+from helpers.multihost import EPHEMERAL_PORTS, SHARED_MOUNT, MultiHostCluster, leftovers, namespaces_available
+from helpers.ports import needed_ports
 from helpers.workdir import REPO_ROOT
 from tests.processes import no_horovod_env
 
@@ -90,17 +91,21 @@ def test_a_worker_without_the_shared_folder_is_named_before_anything_runs(multih
     assert f"worker-2 does not share {WORK} with the driver (driver)" in error, error
 
 
-def test_lessons_4_5_and_6_run_on_the_cluster_with_every_check_passing(multihost):
+def test_lessons_4_5_and_6_pass_every_check_behind_a_firewall_open_only_to_the_listed_ports(multihost):
+    # the ports docs/instructor.md lists (helpers.ports), and nothing else, open between the hosts; Ray's ranges only
+    # for the run of lesson 6. Lesson 5 where Horovod is not installed (Databricks Runtime 16.0 ML and later):
+    # LAUNCHER="auto" picks TorchDistributor; lesson 4 trains with Horovod on Spark and TorchDistributor.
     log = f"{SHARED_MOUNT}/checks.jsonl"
     command = [sys.executable, "-m", "helpers.course", "run", "--params", "params/multihost.yaml", "--out",
                f"{SHARED_MOUNT}/build", "--keep-going", "--only"]  # fmt: skip
-    # lesson 5 where Horovod is not installed (Databricks Runtime 16.0 ML and later): LAUNCHER="auto" picks
-    # TorchDistributor (lesson 4 trains with Horovod on Spark across the hosts)
-    for lessons, env in ((("04", "06"), {}), (("05",), no_horovod_env(str(REPO_ROOT)))):
-        process = multihost.run("driver", [*command, *lessons], env={LOG_ENV: log, **env}, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
-        out, _ = process.communicate(timeout=1800)
-        assert process.returncode == 0, out[-6000:]
+    for lessons, env, ray_nodes in ((("04",), {}, 0), (("05", "06"), no_horovod_env(str(REPO_ROOT)), 2)):
+        allowed = needed_ports(PARAMS.env, multihost.master_url, multihost.mlflow_uri, EPHEMERAL_PORTS, ray_nodes)
+        with multihost.firewall([(ports.first, ports.last) for ports in allowed]) as firewall:
+            assert not reachable(multihost, "worker-1", "worker-2", UNLISTED_PORT)  # it stands
+            process = multihost.run("driver", [*command, *lessons], env={LOG_ENV: log, **env},
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+            out, _ = process.communicate(timeout=1800)
+            assert process.returncode == 0, f"{out[-6000:]}\nports the firewall dropped: {firewall.dropped()}"
     records = [json.loads(line) for line in (multihost.shared / "checks.jsonl").read_text().splitlines()]
     assert [record for record in records if record["status"] != PASSED] == []
     on_the_laptop = {
@@ -113,6 +118,37 @@ def test_lessons_4_5_and_6_run_on_the_cluster_with_every_check_passing(multihost
     assert not list(multihost.shared.glob("course-work/**/*.db"))
     launchers = multihost.check_output("driver", [sys.executable, "-c", LESSON_5_LAUNCHERS]).split()
     assert len(launchers) >= 2 and set(launchers) == {"torch_distributor"}, launchers  # every run of its sweep
+
+
+UNLISTED_PORT = 6000  # in no range of helpers.ports.needed_ports
+# connect from one host to another's port, where a listener waits: prints whether the connection was made
+REACH = """
+import socket, sys, threading
+listener = socket.create_server(("", int(sys.argv[2]))) if sys.argv[1] == "listen" else None
+if listener:
+    print("listening", flush=True)
+    listener.settimeout(30)
+    listener.accept()
+else:
+    try:
+        socket.create_connection((sys.argv[3], int(sys.argv[2])), timeout=3)
+        print("reached")
+    except OSError:
+        print("blocked")
+"""
+
+
+def reachable(cluster: MultiHostCluster, source: str, target: str, port: int) -> bool:
+    """Whether ``source`` can open a TCP connection to ``port`` of ``target``, where a listener waits for it."""
+    listener = cluster.run(target, [sys.executable, "-c", REACH, "listen", str(port)], stdout=subprocess.PIPE,
+                           text=True)  # fmt: skip
+    try:
+        assert listener.stdout is not None and listener.stdout.readline().strip() == "listening"
+        out = cluster.check_output(source, [sys.executable, "-c", REACH, "connect", str(port), target])
+        return out.strip() == "reached"
+    finally:
+        listener.kill()
+        listener.wait()
 
 
 # the launcher of every run of lesson 5's sweep, as MLflow on the tracking server recorded it
@@ -202,8 +238,10 @@ FIREWALL_BOUND_S = 30  # a healthy launcher row takes about 20 s here; blocked, 
 
 def test_the_preflight_fails_the_launcher_rows_when_a_firewall_blocks_the_ports_between_workers(multihost):
     # only Spark's pinned ports (COURSE_SPARK_PORTS in params/multihost.yaml) are open between workers
-    spark_ports = int(PARAMS.env["COURSE_SPARK_PORTS"])
-    with multihost.ports_blocked_between_workers(spark_ports):  # each launcher row fails after --bound seconds
+    spark = next(ports for ports in needed_ports(PARAMS.env, multihost.master_url, multihost.mlflow_uri,
+                                                 EPHEMERAL_PORTS) if ports.who.startswith("Spark driver"))  # fmt: skip
+    # each launcher row fails after --bound seconds
+    with multihost.firewall([(spark.first, spark.last)], hosts=["worker-1", "worker-2"]):
         status, rows, out = preflight(multihost, "--bound", str(FIREWALL_BOUND_S))
     failed = {key: row for key, row in rows.items() if row[0] == "FAIL"}
     expected = {("torch_distributor", "all")} | ({("horovod", "all")} if horovod_installed() else set())
