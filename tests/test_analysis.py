@@ -287,3 +287,34 @@ def test_claim_report_is_computed_from_the_table():
     assert claim_report(speedup_table(table[table["devices"] > 1])) == [
         "No 1-device run in the table: nothing to compare against."
     ]
+
+
+def test_the_claims_use_the_median_of_each_device_count_and_say_what_early_stopping_did():
+    from helpers.analysis import claim_report, medians_by_devices
+
+    table = pd.DataFrame(
+        {
+            "devices": [1, 1, 1, 2, 2, 2],
+            "seed": [0, 1, 2, 0, 1, 2],
+            "wall_time_s": [10.0, 30.0, 12.0, 9.0, 8.0, 40.0],  # one slow outlier at each count
+            "epochs_run": [9, 12, 8, 7, 7, 20],
+            "best_val_loss": [0.05, 0.04, 0.06, 0.07, 0.08, 0.06],
+            "logged_stop_reason": ["patience"] * 5 + ["max_epochs"],
+            "min_delta": 0.01,
+            "patience": 2,
+            "epoch_mode": ONE_PASS,
+        }
+    )
+    rows = medians_by_devices(speedup_table(table))
+    assert rows[["devices", "runs", "by_patience", "wall_time_s", "epochs_run", "best_val_loss"]].values.tolist() == [
+        [1, 3, 3, 12.0, 9.0, 0.05],
+        [2, 3, 2, 9.0, 7.0, 0.07],
+    ]
+    text = "\n".join(claim_report(speedup_table(table)))
+    assert "Medians over 3 runs (seeds) per device count." in text
+    assert "Early stopping (patience 2, min_delta 0.01): patience ended 5 of 6 runs; the other 1 ended" in text
+    assert "(median): 9 on 1 device(s), 7 on 2 device(s)" in text
+    assert "2 devices took 0.75 x the 1-device time (9.0 s against 12.0 s" in text
+    assert "best val_loss 0.050 on 1 device against 0.070 on 2 devices: lower by more than min_delta" in text
+    with pytest.raises(CourseInputError, match=r"no column\(s\) \['speedup'\]"):
+        medians_by_devices(table)

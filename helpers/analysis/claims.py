@@ -11,6 +11,7 @@ import pandas as pd
 from helpers import CourseInputError
 from helpers.analysis.schema import FIXED_STEPS, ONE_PASS
 from helpers.analysis.step_scaling import STEP_COLUMNS
+from helpers.analysis.tables import medians_by_devices
 
 __all__ = ["claim_report", "pitfall_report", "step_scaling_report"]
 
@@ -36,11 +37,11 @@ def _claim_half_time(one: pd.Series, top: pd.Series, time_column: str, per_epoch
         speedup = one["time_per_epoch_s"] / top["time_per_epoch_s"]
         lines.append(
             f"  Per epoch: {top['time_per_epoch_s']:.1f} s on {n} devices against {one['time_per_epoch_s']:.1f} s "
-            f"on 1 (speedup per epoch {speedup:.2f}); epochs until stop: {int(top['epochs_run'])} against "
-            f"{int(one['epochs_run'])}"
+            f"on 1 (speedup per epoch {speedup:.2f}); epochs until stop: {top['epochs_run']:g} against "
+            f"{one['epochs_run']:g}"
             + (
                 ", so part of the difference in total time is when the runs stopped, not how fast they computed."
-                if int(top["epochs_run"]) != int(one["epochs_run"])
+                if top["epochs_run"] != one["epochs_run"]
                 else "."
             )
         )
@@ -55,6 +56,22 @@ def _claim_sub_linear(more: pd.DataFrame) -> str:
         "below linear at every device count, as claimed."
         if below
         else "at or above linear at some device count, against the claim."
+    )
+
+
+def _early_stopping(rows: pd.DataFrame) -> str:
+    """What early stopping did at each device count: how many runs patience ended, and the median stop epoch."""
+    runs, by_patience = int(rows["runs"].sum()), int(rows["by_patience"].sum())
+    settings = (
+        f" (patience {int(rows['patience'].iloc[0])}, min_delta {float(rows['min_delta'].iloc[0]):g})"
+        if {"patience", "min_delta"} <= set(rows.columns)
+        else ""
+    )
+    stops = ", ".join(f"{r.epochs_run:g} on {int(r.devices)} device(s)" for r in rows.itertuples())
+    rest = "" if by_patience == runs else f"; the other {runs - by_patience} ended at max_epochs or the threshold"
+    return (
+        f"Early stopping{settings}: patience ended {by_patience} of {runs} runs{rest}. Epochs until it stopped "
+        f"(median): {stops}."
     )
 
 
@@ -78,12 +95,14 @@ def _claim_lower_loss(one: pd.Series, more: pd.DataFrame, tolerance: float) -> s
 
 
 def claim_report(speedups: pd.DataFrame, time_column: str = "wall_time_s") -> list[str]:
-    """Sentences that set the original material's three claims against the measured runs of one epoch mode.
+    """Sentences on what early stopping did at each device count, and the original material's three claims against
+    the measured runs of one epoch mode.
 
     The claims: (1) about half the training time with more resources (speedup about 2), (2) speedup below linear,
-    (3) the single device stopped at a lower validation loss than the multi-device runs. Claim 1 is judged on the
-    largest device count, with the time per epoch alongside; claim 3 treats differences within the runs'
-    ``min_delta`` as no difference, as early stopping itself does.
+    (3) the single device stopped at a lower validation loss than the multi-device runs. Every figure is the median
+    over a device count's runs (:func:`helpers.analysis.tables.medians_by_devices`: repeat the sweep with other
+    seeds for more than one). Claim 1 is judged on the largest device count, with the time per epoch alongside;
+    claim 3 treats differences within the runs' ``min_delta`` as no difference, as early stopping itself does.
 
     Args:
         speedups: a :func:`helpers.analysis.tables.speedup_table` of one epoch mode.
@@ -95,13 +114,17 @@ def claim_report(speedups: pd.DataFrame, time_column: str = "wall_time_s") -> li
     """
     if speedups.empty or 1 not in set(speedups["devices"].astype(int)):
         return ["No 1-device run in the table: nothing to compare against."]
-    rows = speedups.sort_values("devices")
+    rows = medians_by_devices(speedups)
     one = rows[rows["devices"] == 1].iloc[0]
     more = rows[rows["devices"] > 1]
     if more.empty:
         return ["Only 1-device runs in the table: add device counts to compare."]
     tolerance = float(one["min_delta"]) if "min_delta" in rows.columns else 0.0
+    repeats = int(rows["runs"].min())
+    medians = [f"Medians over {repeats} runs (seeds) per device count."] if repeats > 1 else []
     return [
+        *medians,
+        _early_stopping(rows),
         *_claim_half_time(one, more.iloc[-1], time_column, "time_per_epoch_s" in rows.columns),
         _claim_sub_linear(more),
         _claim_lower_loss(one, more, tolerance),

@@ -118,6 +118,7 @@ def run_training(
         steps=steps,
         train_rows=rows,
         max_epochs=settings.max_epochs,
+        seed=settings.seed,
         job_time_s=time.perf_counter() - started,
         tracking_uri=settings.tracking_uri,
         **stopping,
@@ -139,6 +140,7 @@ def record_run(
     patience: int,
     stopping_threshold: float | None,
     max_epochs: int,
+    seed: int | None = None,
     job_time_s: float | None = None,
     tracking_uri: str | None = None,
     placement: str = "local",
@@ -170,6 +172,7 @@ def record_run(
         "patience": patience,
         "stopping_threshold": stopping_threshold,
         "max_epochs": max_epochs,
+        "seed": seed,
         "stopped_reason": result.stopped_reason,
     }
     for key, value in tags.items():

@@ -26,6 +26,7 @@ TAGS = {  # tag suffix -> (table column, type)
     "patience": ("patience", int),
     "stopping_threshold": ("stopping_threshold", float),
     "max_epochs": ("max_epochs", int),
+    "seed": ("seed", int),
     "stopped_reason": ("logged_stop_reason", str),
 }
 METRICS = ("wall_time_s", "job_time_s", "epochs_run", "best_val_loss", "last_val_loss", "val_acc")

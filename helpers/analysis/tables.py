@@ -13,7 +13,7 @@ import pandas as pd
 from helpers import CourseInputError
 from helpers.analysis.schema import METRICS, TAG, TAGS
 
-__all__ = ["runs_table", "speedup_table"]
+__all__ = ["medians_by_devices", "runs_table", "speedup_table"]
 
 
 def _convert(value: Any, kind: type) -> Any:
@@ -152,3 +152,31 @@ def speedup_table(
     _add_speedup(out, time_column, baseline_time, group)
     _add_passes(out, time_column)
     return out
+
+
+MEDIANS = ("wall_time_s", "job_time_s", "time_per_epoch_s", "speedup", "efficiency", "epochs_run", "best_val_loss")
+
+
+def medians_by_devices(speedups: pd.DataFrame) -> pd.DataFrame:
+    """One row per device count of a :func:`speedup_table` of one epoch mode, over its repeated runs (seeds).
+
+    Returns:
+        ``devices``, ``runs`` (how many), ``by_patience`` (how many early stopping's patience ended), the median
+        of each of :data:`MEDIANS` the table has, and the runs' ``min_delta`` and ``patience``.
+
+    Raises:
+        CourseInputError: the table is not a ``speedup_table`` (no ``devices``, ``speedup`` or ``epochs_run``).
+    """
+    missing = {"devices", "speedup", "epochs_run"} - set(speedups.columns)
+    if missing:
+        raise CourseInputError(f"the table has no column(s) {sorted(missing)}: pass speedup_table(...)'s table.")
+    runs = speedups.astype({"epochs_run": float})
+    grouped = runs.groupby("devices", sort=True)
+    out = grouped[[column for column in MEDIANS if column in runs.columns]].median()
+    out.insert(0, "runs", grouped.size())
+    reasons = runs["logged_stop_reason"] if "logged_stop_reason" in runs.columns else pd.Series("", index=runs.index)
+    out.insert(1, "by_patience", (reasons == "patience").groupby(runs["devices"]).sum().astype(int))
+    for setting in ("min_delta", "patience"):
+        if setting in runs.columns:
+            out[setting] = grouped[setting].first()
+    return out.reset_index()
