@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import logging
 import re
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -26,6 +27,7 @@ from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 from pytorch_lightning.callbacks.early_stopping import EarlyStoppingReason
 from torch import nn
 from torch.nn import functional as F
+from tqdm import tqdm
 
 from helpers import CourseInputError
 from helpers.jobs import record_mlflow_run
@@ -145,6 +147,34 @@ class _EpochHistory(pl.Callback):
         self.epochs.append(row)
 
 
+class _EpochBar(pl.Callback):
+    """One progress bar per fit, a step per epoch with its ``val_loss``, on global rank 0: Lightning's own bar
+    writes a line per batch into a notebook's output. Early stopping may end the bar before ``max_epochs``."""
+
+    def __init__(self) -> None:
+        self.bar: tqdm | None = None
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Open the bar at the epoch the fit starts from (after a restored checkpoint's)."""
+        if trainer.is_global_zero:
+            self.bar = tqdm(total=trainer.max_epochs, initial=trainer.current_epoch, desc="fit", unit="epoch",
+                            file=sys.stderr, dynamic_ncols=False, ncols=90)  # fmt: skip
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Called after the epoch's validation pass: one step, with its val_loss."""
+        if self.bar is not None:
+            loss = trainer.callback_metrics.get("val_loss")
+            if loss is not None:
+                self.bar.set_postfix(val_loss=f"{float(loss):.4f}", refresh=False)
+            self.bar.update(1)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Close the bar where the fit ended."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
 _STOP_REASONS = {
     EarlyStoppingReason.STOPPING_THRESHOLD: "stopping_threshold",
     EarlyStoppingReason.PATIENCE_EXHAUSTED: "patience",
@@ -237,11 +267,12 @@ class _Callbacks:
     checkpoint: ModelCheckpoint
     history: _EpochHistory
     stopper: EarlyStopping | None
+    bar: _EpochBar | None
 
     @classmethod
-    def create(cls, default_dir: str | Path, stopping: dict[str, Any] | None) -> _Callbacks:
+    def create(cls, default_dir: str | Path, stopping: dict[str, Any] | None, bar: bool) -> _Callbacks:
         """The best checkpoint by ``val_loss`` and ``last.ckpt`` in ``default_dir``; EarlyStopping on
-        ``val_loss`` with ``stopping`` unless it is None."""
+        ``val_loss`` with ``stopping`` unless it is None; one progress bar per fit with ``bar``."""
         checkpoint = ModelCheckpoint(
             dirpath=str(default_dir),
             filename="best-epoch={epoch}-val_loss={val_loss:.4f}",
@@ -251,11 +282,11 @@ class _Callbacks:
             save_last=True,
         )
         stopper = None if stopping is None else EarlyStopping(monitor="val_loss", mode="min", **stopping)
-        return cls(checkpoint, _EpochHistory(), stopper)
+        return cls(checkpoint, _EpochHistory(), stopper, _EpochBar() if bar else None)
 
     def as_list(self) -> list[pl.Callback]:
         """The callbacks for the Trainer."""
-        return [self.checkpoint, self.history] + ([self.stopper] if self.stopper is not None else [])
+        return [c for c in (self.checkpoint, self.history, self.stopper, self.bar) if c is not None]
 
     def stopped_reason(self, trainer: pl.Trainer) -> str:
         """Why the fit ended: the early-stopping rule that fired, else ``"max_epochs"``."""
@@ -419,7 +450,7 @@ def train(
             ``helpers.tracking.run_name(<backbone>, "devices<n>")``.
         registered_model_name: the registry name of the trained model; default: derived from the experiment.
         extra_params: more MLflow parameters; their keys must not clash with autolog's (``lr``, ``epochs``, ...).
-        progress_bar: show Lightning's progress bar.
+        progress_bar: show one progress bar for the fit, a step per epoch (not Lightning's, a line per batch).
         logging_level: the level of Lightning's loggers (``logging.INFO`` shows its device and model summaries).
 
     Returns:
@@ -440,7 +471,7 @@ def train(
     run_name = run_name or new_run_name(model.hparams.get("backbone", type(model).__name__), f"devices{devices}")
     if default_dir is None:
         default_dir = Path(ckpt_restore).parent if ckpt_restore is not None else work_path("checkpoints", run_name)
-    callbacks = _Callbacks.create(default_dir, stopping)
+    callbacks = _Callbacks.create(default_dir, stopping, progress_bar)
     pin_interface()  # under torchrun (MASTER_ADDR set): Gloo and NCCL on the interface that reaches the other hosts
     placement = {"accelerator": accelerator, "devices": devices, "num_nodes": num_nodes, "precision": precision}
     trainer = pl.Trainer(
@@ -450,7 +481,7 @@ def train(
         callbacks=callbacks.as_list(),
         default_root_dir=str(default_dir),
         logger=False,
-        enable_progress_bar=progress_bar,
+        enable_progress_bar=False,
     )
     ckpt_path = str(ckpt_restore) if ckpt_restore is not None else None
 

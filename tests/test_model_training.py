@@ -6,6 +6,7 @@ Real Lightning and real MLflow (a SQLite store in ``tmp_path``) on scikit-learn'
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import mlflow
 import pytest
@@ -164,17 +165,21 @@ def test_train_learns_and_writes_checkpoints(digits, work_dir):
 
 
 @pytest.mark.slow
-def test_stopping_threshold_and_patience_end_training_early(digits):
+def test_stopping_threshold_and_patience_end_training_early(digits, capfd):
     model = LitClassificationModel(CLASS_COUNT, image_size=IMAGE_SIZE)
     result = train(model, digits, max_epochs=20, early_stopping={"stopping_threshold": 0.5}, progress_bar=False)
     assert result.stopped_reason == "stopping_threshold"
     assert result.epochs_run < 20
     assert result.last_val_loss < 0.5
 
-    # An improvement of 100 is never reached: patience 1 stops after the second epoch.
+    # An improvement of 100 is never reached: patience 1 stops after the second epoch; its one bar says so
     model = LitClassificationModel(CLASS_COUNT, image_size=IMAGE_SIZE)
-    result = train(model, digits, max_epochs=20, early_stopping={"min_delta": 100.0, "patience": 1}, progress_bar=False)
+    capfd.readouterr()
+    result = train(model, digits, max_epochs=20, early_stopping={"min_delta": 100.0, "patience": 1})
     assert (result.stopped_reason, result.epochs_run) == ("patience", 2)
+    bar = [line for line in re.split(r"[\r\n]+", capfd.readouterr().err) if line.strip()]
+    assert bar and all(line.startswith("fit:") for line in bar), bar  # no bar of Lightning's, a line per batch
+    assert len(bar) <= 4 and "2/20" in bar[-1] and "val_loss=" in bar[-1], bar
 
 
 def test_unknown_early_stopping_key_is_rejected(digits):
