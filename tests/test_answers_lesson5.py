@@ -733,3 +733,15 @@ def test_returning_nothing_is_not_attempted(namespace):
         ("5.5", "sweep_plan"),
     ]:
         assert verdict(namespace, exercise_id, name, empty)[0] == "not attempted"
+
+
+def test_5_6_reports_each_device_count_s_median_and_says_a_slowdown_is_outside_amdahl(namespace):
+    right = pd.DataFrame({"devices": [1, 1, 2, 2, 4], "speedup": [1.0, 1.0, 0.5, 0.7, 2.0]})
+    status, message = verdict({**namespace, "right": right}, "5.6", "serial_fraction", f_solution)
+    assert status == "passed", message
+    assert "2 devices 2.33, 4 devices 0.33" in message  # 2 devices: median speedup 0.6
+    assert "above 1: those runs were slower than one device" in message
+    status, message = verdict(
+        {**namespace, "right": right[right["devices"] != 2]}, "5.6", "serial_fraction", f_solution
+    )
+    assert "4 devices 0.33" in message and "above 1" not in message

@@ -748,8 +748,9 @@ def serial_fraction_measured(namespace) -> str:
             :func:`serial_cases`.
 
     Returns:
-        The success message ``check`` shows; with ``right``, it gives the serial fraction of each multi-device
-        run of the lesson (computed here).
+        The success message ``check`` shows; with ``right``, it gives the serial fraction of each device count's
+        median speedup in the lesson (computed here), and says that a fraction above 1 (a slowdown) is outside
+        Amdahl's model.
 
     Raises:
         NotAttempted: ``serial_fraction`` is not defined, is a stub, or returns None.
@@ -769,9 +770,13 @@ def serial_fraction_measured(namespace) -> str:
     right = namespace.get("right")
     if not isinstance(right, pd.DataFrame) or not {"speedup", "devices"} <= set(right.columns):
         return f"right on {len(serial_cases())} made-up points"
-    measured = ", ".join(
-        f"{int(r.devices)} devices {karp_flatt(float(r.speedup), int(r.devices)):.2f}"
-        for r in right.itertuples()
-        if r.devices > 1
+    speedups = {int(n): float(s) for n, s in right.groupby("devices")["speedup"].median().items() if int(n) > 1}
+    measured = ", ".join(f"{n} devices {karp_flatt(s, n):.2f}" for n, s in speedups.items())
+    slower = (
+        " (above 1: those runs were slower than one device, which Amdahl's model, where the serial share is at most "
+        "all of the work, cannot describe: the fraction says only that the overhead outgrew the work)"
+        if any(s < 1 for s in speedups.values())
+        else ""
     )
-    return f"right; serial fraction of this lesson's runs: {measured or 'no multi-device run'}"
+    measured = measured or "no multi-device run"
+    return f"right; serial fraction of this lesson's runs (median speedups): {measured}{slower}"
