@@ -83,11 +83,12 @@ def needed_ports(
         raise CourseInputError(f"Set {PORTS_ENV} in the parameter file's runner.env to pin Spark's ports first.")
     spark = int(env[PORTS_ENV])
     horovod = horovod_ports(env) or (1024, 65535)
+    master, mlflow = urlparse(master_url).port or 7077, urlparse(mlflow_uri).port or 5000
     ranges = [
-        PortRange("Spark master", urlparse(master_url).port or 7077, urlparse(master_url).port or 7077),
+        PortRange("Spark master", master, master),
         PortRange("Spark master web UI", 8080, 8080),
         PortRange("Spark driver and executors", spark, spark + 2 + SPARK_PORT_RETRIES),
-        PortRange("MLflow tracking server", urlparse(mlflow_uri).port or 5000, urlparse(mlflow_uri).port or 5000),
+        PortRange("MLflow tracking server", mlflow, mlflow),
         PortRange("Horovod on Spark's services", *horovod),
         PortRange("any free port: Spark workers, rendezvous stores, Gloo", *ephemeral),
     ]
