@@ -40,10 +40,6 @@ class PortRange:
     first: int
     last: int
 
-    def __str__(self) -> str:
-        ports = str(self.first) if self.first == self.last else f"{self.first}-{self.last}"
-        return f"{ports} ({self.who})"
-
 
 def horovod_ports(env: Mapping[str, str] = os.environ) -> tuple[int, int] | None:
     """The range ``COURSE_HOROVOD_PORTS=P-Q`` pins Horovod on Spark's services to, or None where it is unset.
