@@ -201,9 +201,11 @@ def train_zero(train_converter, val_converter, class_count: int, settings, deeps
 
     from helpers.datamodule import PetastormDataModule
     from helpers.model import make_network
+    from helpers.phases import RankClock
     from helpers.training import TrainResult
     from helpers.workdir import ENV_VAR
 
+    clock = RankClock()  # the training function is called now (helpers.phases)
     os.environ[ENV_VAR] = settings.work_dir
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if settings.use_gpu else torch.device("cpu")
@@ -225,6 +227,7 @@ def train_zero(train_converter, val_converter, class_count: int, settings, deeps
     # the run opens first, so that a job failing in deepspeed.initialize is recorded (and ended FAILED) too
     with _mlflow_run(settings, rank == 0 and settings.mlflow_experiment is not None) as run:
         engine = _engine(network, deepspeed_config, settings.use_gpu)
+        clock.connected()  # deepspeed.initialize returns once every rank has the same parameters
         dtype = _input_dtype(engine)
         if run is not None:
             mlflow.log_params(_run_params(engine, settings, world_size, class_count))
@@ -241,8 +244,9 @@ def train_zero(train_converter, val_converter, class_count: int, settings, deeps
         finally:
             data.teardown("fit")
         wall_time_s = time.perf_counter() - started
+        clock.fit_done()
         if run is not None:
-            mlflow.log_metric("wall_time_s", wall_time_s)
+            mlflow.log_metrics({"wall_time_s": wall_time_s, **clock.metrics()})
     if rank != 0:
         return None
     return TrainResult(

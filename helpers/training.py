@@ -32,8 +32,10 @@ from tqdm import tqdm
 from helpers import CourseInputError
 from helpers.jobs import record_mlflow_run
 from helpers.network import pin_interface
+from helpers.phases import RankClock
+from helpers.tracking import registry_name, setup_mlflow
 from helpers.tracking import run_name as new_run_name
-from helpers.tracking import setup_mlflow
+from helpers.tracking import tracking_uri as course_tracking_uri
 from helpers.validation import check_flag, whole_number
 from helpers.workdir import work_path
 
@@ -129,6 +131,18 @@ class TrainResult:
     registered_model_name: str | None = None
     registered_model_version: str | None = None
     history: list[dict[str, float]] = field(default_factory=list)
+
+
+class _Connected(pl.Callback):
+    """Reads ``clock`` when every rank is connected: Lightning calls ``setup`` after the strategy has set up the
+    process group and passed a barrier of all ranks."""
+
+    def __init__(self, clock: RankClock) -> None:
+        self.clock = clock
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Every rank has reached this point."""
+        self.clock.connected()
 
 
 class _EpochHistory(pl.Callback):
@@ -262,17 +276,22 @@ def _log_and_register_model(model: pl.LightningModule, name: str) -> str:
 
 @dataclass
 class _Callbacks:
-    """The callbacks of one ``train`` call: checkpoints, the epoch history and early stopping (None when off)."""
+    """The callbacks of one ``train`` call: checkpoints, the epoch history, early stopping (None when off), the
+    progress bar (None when off) and the clock of the fit's phases (:mod:`helpers.phases`)."""
 
     checkpoint: ModelCheckpoint
     history: _EpochHistory
     stopper: EarlyStopping | None
     bar: _EpochBar | None
+    connected: _Connected
 
     @classmethod
-    def create(cls, default_dir: str | Path, stopping: dict[str, Any] | None, bar: bool) -> _Callbacks:
+    def create(
+        cls, default_dir: str | Path, stopping: dict[str, Any] | None, bar: bool, clock: RankClock
+    ) -> _Callbacks:
         """The best checkpoint by ``val_loss`` and ``last.ckpt`` in ``default_dir``; EarlyStopping on
-        ``val_loss`` with ``stopping`` unless it is None; one progress bar per fit with ``bar``."""
+        ``val_loss`` with ``stopping`` unless it is None; one progress bar per fit with ``bar``; ``clock`` read
+        when every rank is connected."""
         checkpoint = ModelCheckpoint(
             dirpath=str(default_dir),
             filename="best-epoch={epoch}-val_loss={val_loss:.4f}",
@@ -282,11 +301,11 @@ class _Callbacks:
             save_last=True,
         )
         stopper = None if stopping is None else EarlyStopping(monitor="val_loss", mode="min", **stopping)
-        return cls(checkpoint, _EpochHistory(), stopper, _EpochBar() if bar else None)
+        return cls(checkpoint, _EpochHistory(), stopper, _EpochBar() if bar else None, _Connected(clock))
 
     def as_list(self) -> list[pl.Callback]:
         """The callbacks for the Trainer."""
-        return [c for c in (self.checkpoint, self.history, self.stopper, self.bar) if c is not None]
+        return [c for c in (self.checkpoint, self.history, self.stopper, self.bar, self.connected) if c is not None]
 
     def stopped_reason(self, trainer: pl.Trainer) -> str:
         """Why the fit ended: the early-stopping rule that fired, else ``"max_epochs"``."""
@@ -357,10 +376,15 @@ def _fit_tracked(
     run_name: str,
     params: dict[str, Any],
     model_name: str,
+    clock: RankClock,
 ) -> tuple[float, _Recorded]:
     """Fit inside one MLflow run of ``experiment`` (nested in an active run, if any) with autolog on: log
-    ``params``, ``wall_time_s``, the effective learning rate and the trained model, registered as
-    ``model_name``. Return the wall time and what was recorded."""
+    ``params``, ``wall_time_s``, the ``clock``'s readings, the effective learning rate and the trained model,
+    registered as ``registry_name(model_name)``. Return the wall time and what was recorded."""
+    # checked before the fit, and before MLflow opens the registry: a name Unity Catalog's registry refuses would
+    # otherwise fail only when the trained model is registered
+    mlflow.set_tracking_uri(course_tracking_uri(uri))
+    model_name = registry_name(model_name, mlflow.get_registry_uri())
     experiment_id = setup_mlflow(experiment, uri)
     mlflow.pytorch.autolog(log_models=False, checkpoint=False, silent=True)
     nested = mlflow.active_run() is not None
@@ -369,7 +393,7 @@ def _fit_tracked(
         record_mlflow_run(run.info.run_id, mlflow.get_tracking_uri())
         mlflow.log_params(params)
         wall_time_s = fit()
-        mlflow.log_metric("wall_time_s", wall_time_s)
+        mlflow.log_metrics({"wall_time_s": wall_time_s, **clock.metrics()})
         # the lr the optimizer really used: a distributed strategy may have scaled it by the world size
         mlflow.log_param("effective_learning_rate", trainer.optimizers[0].param_groups[0]["lr"])
         version = _log_and_register_model(trainer.lightning_module, model_name)
@@ -449,6 +473,8 @@ def train(
         run_name: the MLflow run's name and the default checkpoint folder's; default:
             ``helpers.tracking.run_name(<backbone>, "devices<n>")``.
         registered_model_name: the registry name of the trained model; default: derived from the experiment.
+            A name without a dot goes into the Unity Catalog schema ``COURSE_MODEL_SCHEMA`` names, if set
+            (``helpers.tracking.registry_name``); ``result.registered_model_name`` is the name registered.
         extra_params: more MLflow parameters; their keys must not clash with autolog's (``lr``, ``epochs``, ...).
         progress_bar: show one progress bar for the fit, a step per epoch (not Lightning's, a line per batch).
         logging_level: the level of Lightning's loggers (``logging.INFO`` shows its device and model summaries).
@@ -459,8 +485,10 @@ def train(
     Raises:
         CourseInputError: ``max_epochs`` is not a whole number of at least 1, ``early_stopping`` is not one of
             the forms above, or ``ckpt_restore`` is missing, unreadable or does not fit ``model`` (all checked
-            before anything starts).
+            before anything starts); or the model name does not suit the registry (Unity Catalog's takes
+            ``catalog.schema.model``), checked on rank 0 before the fit.
     """
+    clock = RankClock()  # the training function is called now (helpers.phases)
     whole_number("max_epochs", max_epochs)
     check_flag("progress_bar", progress_bar)
     stopping = _early_stopping_settings(early_stopping)
@@ -471,7 +499,7 @@ def train(
     run_name = run_name or new_run_name(model.hparams.get("backbone", type(model).__name__), f"devices{devices}")
     if default_dir is None:
         default_dir = Path(ckpt_restore).parent if ckpt_restore is not None else work_path("checkpoints", run_name)
-    callbacks = _Callbacks.create(default_dir, stopping, progress_bar)
+    callbacks = _Callbacks.create(default_dir, stopping, progress_bar, clock)
     pin_interface()  # under torchrun (MASTER_ADDR set): Gloo and NCCL on the interface that reaches the other hosts
     placement = {"accelerator": accelerator, "devices": devices, "num_nodes": num_nodes, "precision": precision}
     trainer = pl.Trainer(
@@ -486,7 +514,9 @@ def train(
     ckpt_path = str(ckpt_restore) if ckpt_restore is not None else None
 
     def fit() -> float:
-        return _fit(trainer, model, datamodule, ckpt_path)
+        wall_time_s = _fit(trainer, model, datamodule, ckpt_path)
+        clock.fit_done()
+        return wall_time_s
 
     if mlflow_experiment is None or trainer.global_rank != 0:
         return _result(trainer, callbacks, _fit_untracked(fit, trainer, mlflow_experiment), _Recorded())
@@ -494,5 +524,7 @@ def train(
     settings = {**placement, "strategy": strategy_name, "max_epochs": max_epochs, "ckpt_restore": ckpt_path}
     params = _run_params(model, datamodule, trainer, stopping, {**settings, **(extra_params or {})})
     model_name = registered_model_name or _registered_name(mlflow_experiment)
-    wall_time_s, recorded = _fit_tracked(fit, trainer, mlflow_experiment, tracking_uri, run_name, params, model_name)
+    wall_time_s, recorded = _fit_tracked(
+        fit, trainer, mlflow_experiment, tracking_uri, run_name, params, model_name, clock
+    )
     return _result(trainer, callbacks, wall_time_s, recorded)

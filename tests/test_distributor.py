@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from helpers import CourseInputError
 from helpers.distributor import DistributorError, _summarise, ddp_layout, make_distributor, process_group_backend
+from helpers.phases import job_clock, log_job_clock, phases
 from helpers.spark import task_slots
 from helpers.tracking import tracking_uri
 from helpers.worker import TrainSettings, train_with_distributor
@@ -115,9 +116,10 @@ def test_local_mode_ddp_trains_to_the_floor_with_one_mlflow_run(work_dir, spark,
     settings = TrainSettings(
         batch_size=32, image_size=16, learning_rate=0.02, max_epochs=2, mlflow_experiment="ddp-local"
     )
-    result = train_with_distributor(
-        train_converter, val_converter, len(class_names), settings, num_processes=2, local_mode=True, spark=spark
-    )
+    with job_clock() as clock:
+        result = train_with_distributor(
+            train_converter, val_converter, len(class_names), settings, num_processes=2, local_mode=True, spark=spark
+        )
     assert result.val_acc >= ACCURACY_FLOOR
     assert result.epochs_run == 2 and [row["epoch"] for row in result.history] == [0, 1]
     assert Path(result.last_checkpoint).parent == work_dir / "checkpoints" / Path(result.last_checkpoint).parent.name
@@ -134,6 +136,12 @@ def test_local_mode_ddp_trains_to_the_floor_with_one_mlflow_run(work_dir, spark,
     # DDP averages gradients like Horovod: the learning rate is scaled by the world size
     assert float(params["effective_learning_rate"]) == pytest.approx(2 * 0.02)
     assert runs[0].info.status == "FINISHED"
+    # rank 0's clock readings are in the run; with the driver's they split the job into four phases
+    log_job_clock(runs[0].info.run_id, clock, tracking_uri())
+    split = phases(client.get_run(runs[0].info.run_id).data.metrics)
+    assert (split > 0).all(), split
+    assert split.sum() == pytest.approx(clock.ended_at - clock.started_at)
+    assert split["fit_s"] <= result.wall_time_s + 0.05  # the fit call also holds the process group's set-up
 
 
 @pytest.mark.slow
