@@ -2,9 +2,18 @@
 
 Every lesson's real work lives here, one module per concern; the notebooks in ``solutions/`` and ``lessons/``
 import from it and stay short.
+
+Importing the package switches Ray Train to its current API (V2, ``RAY_TRAIN_V2_ENABLED=1``, read once when
+``ray.train`` is first imported) unless the environment says otherwise: Ray 2.44's V1 API warns that
+``ScalingConfig(trainer_resources)`` and ``RunConfig(verbose)`` are deprecated, and its trainer actor takes a CPU.
 """
 
-__all__ = ["CourseInputError"]
+import os
+
+__all__ = ["RAY_TRAIN_V2", "CourseInputError"]
+
+RAY_TRAIN_V2 = "RAY_TRAIN_V2_ENABLED"  # Ray Train's switch to its V2 API
+os.environ.setdefault(RAY_TRAIN_V2, "1")
 
 
 class CourseInputError(ValueError):

@@ -226,14 +226,26 @@ class JobFolder:
         failures = sorted(self.failures().values(), key=lambda f: (f.collateral, f.time))
         return failures[0] if failures else None
 
-    def record_host(self, rank: int, host: str) -> None:
-        """Note the host ``rank`` runs on (:class:`WorkerCall` does, first thing), so that the driver can name the
-        host of a rank that stopped answering."""
-        _write_atomically(self.path / f"host-rank-{rank}.txt", host.encode())
+    def record_host(self, rank: int, host: str, pid: int) -> None:
+        """Note the host ``rank`` runs on and its process id (:class:`WorkerCall` does, first thing), so that the
+        driver can name the host of a rank that stopped answering, and wait for the processes of this machine."""
+        _write_atomically(self.path / f"host-rank-{rank}.txt", f"{host}\n{pid}".encode())
+
+    def _started(self) -> dict[int, tuple[str, int]]:
+        """``(host, pid)`` of each rank that started, by rank."""
+        found = {}
+        for path in self.path.glob("host-rank-*.txt"):
+            host, pid = path.read_text().split("\n")
+            found[int(path.stem.rsplit("-", 1)[1])] = (host, int(pid))
+        return found
 
     def hosts(self) -> dict[int, str]:
         """The host of each rank that started, by rank."""
-        return {int(path.stem.rsplit("-", 1)[1]): path.read_text() for path in self.path.glob("host-rank-*.txt")}
+        return {rank: host for rank, (host, _) in self._started().items()}
+
+    def local_pids(self) -> list[int]:
+        """The process ids of the ranks that started on this machine."""
+        return [pid for host, pid in self._started().values() if host == socket.gethostname()]
 
     def ranks_with_hosts(self, ranks: list[int]) -> str:
         """``2 (worker-2), 3 (worker-2)``: ``ranks`` with the host each started on, where known."""
@@ -465,7 +477,7 @@ class WorkerCall:
         os.environ.update(self.env)
         os.environ[JOB_DIR_ENV] = self.job_path
         end_with_parent()
-        JobFolder(self.job_path).record_host(int(os.environ.get(self.rank_env, "0")), socket.gethostname())
+        JobFolder(self.job_path).record_host(int(os.environ.get(self.rank_env, "0")), socket.gethostname(), os.getpid())
         pin_interface()
         if self.setup is not None:
             self.setup()

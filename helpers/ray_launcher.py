@@ -10,16 +10,23 @@ MLflow runs FAILED and raises :class:`RayJobError` naming the rank that failed f
 
 from __future__ import annotations
 
+import contextlib
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
-from helpers import CourseInputError
+import psutil
+
+from helpers import RAY_TRAIN_V2, CourseInputError
 from helpers.distributor import process_group_backend
 from helpers.jobs import JobError, JobFolder, WorkerCall, ranked_call, run_job, stall_timeout_s
 from helpers.validation import check_flag, whole_number
 
 __all__ = ["RayJobError", "run_with_ray"]
+
+
+_WORKER_EXIT_S = 30  # Ray Train's own patience with a worker that does not exit is 5 s, then it kills it
 
 
 class RayJobError(JobError):
@@ -57,9 +64,20 @@ def _check_resources(num_workers: int, cpus_per_worker: int, use_gpu: bool) -> N
             )
 
 
+def _require_v2() -> None:
+    """Refuse Ray Train's V1 API: it was imported before ``RAY_TRAIN_V2_ENABLED=1`` was set."""
+    from ray.train.v2._internal.constants import is_v2_enabled
+
+    if not is_v2_enabled():
+        raise CourseInputError(
+            f"Ray Train's V1 API is loaded ({RAY_TRAIN_V2} is not 1 when ray.train was imported): restart the "
+            f"kernel, set os.environ['{RAY_TRAIN_V2}'] = '1' (or import helpers) before anything imports ray.train."
+        )
+
+
 def _trainer(loop: _TrainLoop, job: JobFolder, num_workers: int, cpus_per_worker: int, use_gpu: bool):
-    """The ``TorchTrainer``: one worker of ``cpus_per_worker`` CPUs per Ray node if it can (SPREAD), the trainer
-    itself on no CPU (all of them may be the workers'), no retry, its files in the job folder."""
+    """The ``TorchTrainer`` (Ray Train V2: its controller takes no resources, so the workers may have every CPU):
+    one worker of ``cpus_per_worker`` CPUs per Ray node if it can (SPREAD), no retry, its files in the job folder."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -70,14 +88,10 @@ def _trainer(loop: _TrainLoop, job: JobFolder, num_workers: int, cpus_per_worker
             num_workers=num_workers,
             use_gpu=use_gpu,
             resources_per_worker={"CPU": cpus_per_worker},
-            trainer_resources={"CPU": 0},
             placement_strategy="SPREAD",
         ),
         run_config=RunConfig(
-            name="ray_train",
-            storage_path=str(job.path),
-            failure_config=FailureConfig(max_failures=0),
-            verbose=0,
+            name="ray_train", storage_path=str(job.path), failure_config=FailureConfig(max_failures=0)
         ),
     )
 
@@ -104,6 +118,7 @@ def run_with_ray(
     whole_number("num_workers", num_workers)
     whole_number("cpus_per_worker", cpus_per_worker)
     check_flag("use_gpu", use_gpu)
+    _require_v2()
     _check_resources(num_workers, cpus_per_worker, use_gpu)
     job = JobFolder.create("ray")
     loop = _TrainLoop(ranked_call(fn, job, cpus_per_worker), kwargs)
@@ -112,7 +127,25 @@ def run_with_ray(
     def error_for(exc: Exception) -> RayJobError:
         return _ray_error(exc, job, num_workers, time.monotonic() - started)
 
-    return run_job(job, lambda: _trainer(loop, job, num_workers, cpus_per_worker, use_gpu).fit(), error_for)
+    def launch() -> Any:
+        try:
+            return _trainer(loop, job, num_workers, cpus_per_worker, use_gpu).fit()
+        finally:
+            _wait_for_workers(job)
+
+    return run_job(job, launch, error_for)
+
+
+def _wait_for_workers(job: JobFolder) -> None:
+    """Wait until the job's workers on this machine have exited: after a failure Ray Train kills them a moment after
+    ``fit`` returns, and until then rank 0 still holds torch's rendezvous store, listening on every interface."""
+    processes = []
+    for pid in job.local_pids():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            processes.append(psutil.Process(pid))
+    _, alive = psutil.wait_procs(processes, timeout=_WORKER_EXIT_S)
+    if alive:
+        warnings.warn(f"Ray Train workers left running after the job: {[p.pid for p in alive]}", stacklevel=3)
 
 
 def _ray_error(exc: BaseException, job: JobFolder, num_workers: int, elapsed: float) -> RayJobError:

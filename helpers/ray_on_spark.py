@@ -20,6 +20,9 @@ refuses what cannot fit in one line, and fixes what Ray 2.44 gets wrong here:
 * **No dashboard, no job API.** Ray on Spark starts the dashboard on ``0.0.0.0``, and Ray's dashboard and job API run
   code for anyone who reaches them (ShadowRay, CVE-2023-48022): it is not started at all. Every node's dashboard
   agent also serves a job API (its job agent) over HTTP: the agents start minimal, without that server.
+* **Quiet.** This process's Ray driver does not print what the Ray workers write (``log_to_driver=False``): their
+  logs (Ray Train's, Lightning's) stay in the cluster's temporary folder while it runs. A failed job still says
+  which rank failed and why (the course's launchers read it from the job folder, :mod:`helpers.jobs`).
 * **Clean exit.** Leaving the block (also by an exception) shuts the Ray cluster down, waits for every Ray process
   on this machine to exit (killing what is left) and removes Ray's temporary folder. The Spark executors' task slots
   are free again.
@@ -60,6 +63,7 @@ STOP_TIMEOUT_S = 20.0  # a node's launcher waits about 1.5 s for its processes, 
 _SPARK_HOOK_ENV = "RAY_ON_SPARK_START_HOOK"  # Ray on Spark's hook class (read on the driver while it starts)
 _NODE_HOOK_ENV = "RAY_START_HOOK"  # run by every `ray start` with its parameters, before it starts anything
 _CLUSTERS_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's one-machine addressing (loopback everywhere)
+_JOB_SERVER_LOGGER = "ray.autoscaler._private.spark.spark_job_server"  # Ray on Spark's job server (level WARN)
 _LOOPBACK_ENV = "COURSE_RAY_LOOPBACK"  # "1": every node on 127.0.0.1 (read by _course_node)
 # Ray's Unix sockets lie about 85 characters below its temporary root and their paths are capped at 107 bytes.
 _MAX_TEMP_ROOT_CHARS = 20
@@ -262,6 +266,19 @@ def _driver_setup(loopback: bool) -> Iterator[None]:
             os.environ[_SPARK_HOOK_ENV] = previous
 
 
+@contextlib.contextmanager
+def _quiet_logs(levels: dict[str, int]) -> Iterator[None]:
+    """Set the levels of these loggers (by name) for the block."""
+    saved = {name: logging.getLogger(name).level for name in levels}
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+    try:
+        yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+
+
 def _shutdown(cluster: RayOnSpark) -> None:
     """Shut Ray on Spark down; once every node's launcher has exited, kill what is left of its processes (a worker
     node's agents outlive their raylet by 15 s or more); remove Ray's folder."""
@@ -312,20 +329,23 @@ def ray_cluster(
         raise CourseInputError("Ray is already running in this process: leave its block (or ray.shutdown()) first.")
     check_shared_folder(spark, work_dir())  # Ray Train's rank 0 leaves its result there; Ray then holds the slots
     cluster = RayOnSpark("", workers, cpus_per_worker, _temp_root())
-    try:
-        with _driver_setup(_on_loopback(spark)):
-            cluster.address, _ = setup_ray_cluster(
-                max_worker_nodes=workers,
-                num_cpus_worker_node=cpus_per_worker,
-                num_gpus_worker_node=gpus_per_worker,
-                num_cpus_head_node=0,
-                head_node_options={"include_dashboard": False, "disable_usage_stats": None},
-                ray_temp_root_dir=str(cluster.temp_root),
-            )
-            ray.init(address=cluster.address, logging_level=logging.WARNING)
-            started = sum(not node["head"] for node in cluster.nodes())
-            if started < workers:
-                raise RayStartError(f"Ray on Spark started {started} of {workers} worker nodes; see the log above.")
-            yield cluster
-    finally:
-        _shutdown(cluster)
+    # no info lines ("Ray worker nodes are starting", "Connecting to existing Ray cluster")
+    with _quiet_logs({"ray": logging.WARNING, "ray.util.spark": logging.WARNING}):
+        try:
+            with _driver_setup(_on_loopback(spark)):
+                cluster.address, _ = setup_ray_cluster(
+                    max_worker_nodes=workers,
+                    num_cpus_worker_node=cpus_per_worker,
+                    num_gpus_worker_node=gpus_per_worker,
+                    num_cpus_head_node=0,
+                    head_node_options={"include_dashboard": False, "disable_usage_stats": None},
+                    ray_temp_root_dir=str(cluster.temp_root),
+                )
+                ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
+                started = sum(not node["head"] for node in cluster.nodes())
+                if started < workers:
+                    raise RayStartError(f"Ray on Spark started {started} of {workers} worker nodes; see the log above.")
+                yield cluster
+        finally:
+            with _quiet_logs({_JOB_SERVER_LOGGER: logging.ERROR}):  # its warnings that the worker nodes' jobs exit
+                _shutdown(cluster)

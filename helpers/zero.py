@@ -352,24 +352,34 @@ def zero_memory(
     return pd.DataFrame(rows).set_index("stage")
 
 
-def zero_fits(param_count: int, device_gib: float, world_size: int = 1, **state_bytes: int) -> pd.DataFrame:
-    """Whether a model's states fit one device's memory under each ZeRO stage (see :func:`zero_memory`).
-
-    Only the model states are counted: leave room for activations, buffers and the framework itself.
+def zero_fits(
+    param_count: int, device_gib: float, world_size: int = 1, headroom: float = 0.2, **state_bytes: int
+) -> pd.DataFrame:
+    """Whether a model's states fit one device's memory under each ZeRO stage (see :func:`zero_memory`), with
+    ``headroom`` of the device kept free for what the model states leave out: activations, temporary buffers
+    (ZeRO's gather and bucket buffers among them), the CUDA context and the allocator's fragmentation.
 
     Args:
         param_count: the model's parameters.
         device_gib: one device's memory in GiB (2**30 bytes), e.g. 80 for an 80 GB H100 (74.5 GiB in fact).
         world_size: the devices the states are divided over.
+        headroom: the fraction of the device kept free, from 0 (the model states alone) to below 1. A fifth is a
+            floor, not a promise: activations grow with the batch and the sequence length, so measure them.
         **state_bytes: ``param_bytes``, ``grad_bytes``, ``optimizer_bytes`` as for :func:`zero_memory`.
 
     Returns:
-        One row per stage: ``partitions``, ``total_gib`` and ``fits`` (True where ``total_gib <= device_gib``).
+        One row per stage: ``partitions``, ``total_gib``, ``free_gib`` (what the states leave of the device) and
+        ``fits`` (True where ``total_gib <= device_gib * (1 - headroom)``).
 
     Raises:
-        CourseInputError: ``device_gib`` is not a positive number, or :func:`zero_memory` refuses an argument.
+        CourseInputError: ``device_gib`` is not a positive number, ``headroom`` is not in [0, 1), or
+            :func:`zero_memory` refuses an argument.
     """
     if isinstance(device_gib, bool) or not isinstance(device_gib, numbers.Real) or device_gib <= 0:
         raise CourseInputError(f"device_gib={device_gib!r}: pass one device's memory in GiB, e.g. 16 or 80.")
+    if isinstance(headroom, bool) or not isinstance(headroom, numbers.Real) or not 0 <= headroom < 1:
+        raise CourseInputError(f"headroom={headroom!r}: pass the fraction of the device kept free, e.g. 0.2.")
     table = zero_memory(param_count, None, world_size, **state_bytes)[["partitions", "total_gib"]]
-    return table.assign(fits=table["total_gib"] <= device_gib)
+    return table.assign(
+        free_gib=device_gib - table["total_gib"], fits=table["total_gib"] <= device_gib * (1 - headroom)
+    )

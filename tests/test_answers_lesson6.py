@@ -29,65 +29,96 @@ def verdict(exercise: str, answer) -> str:
 # ---------------------------------------------------------------------------------------- 6.1 Ray Train's scaling
 
 
-def scaling_keywords(num_workers, cpus_per_worker, use_gpu):
+def scaling_keywords(worker_nodes, use_gpu):
     from ray.train import ScalingConfig
 
-    return ScalingConfig(
-        num_workers=num_workers,
-        use_gpu=use_gpu,
-        resources_per_worker={"CPU": cpus_per_worker},
-        trainer_resources={"CPU": 0},
-    )
+    node = worker_nodes[0]
+    if use_gpu:
+        gpus = int(node["GPU"])
+        return ScalingConfig(
+            num_workers=gpus * len(worker_nodes), use_gpu=True, resources_per_worker={"CPU": node["CPU"] // gpus}
+        )
+    return ScalingConfig(num_workers=len(worker_nodes), resources_per_worker={"CPU": node["CPU"]})
 
 
-def scaling_spelled_out(num_workers, cpus_per_worker, use_gpu):
+def scaling_spelled_out(worker_nodes, use_gpu):
+    import math
+
     import numpy as np
     from ray.train import ScalingConfig
 
-    each = {"CPU": np.int64(cpus_per_worker)}
+    per_node = int(worker_nodes[0].get("GPU", 0)) if use_gpu else 1
+    each = {"CPU": np.int64(math.floor(worker_nodes[0]["CPU"] / per_node))}
     if use_gpu:
-        each["GPU"] = 1
-    return ScalingConfig({"CPU": 0.0}, int(num_workers), bool(use_gpu), each, placement_strategy="SPREAD")
-
-
-def scaling_default_trainer(num_workers, cpus_per_worker, use_gpu):
-    from ray.train import ScalingConfig
-
-    return ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cpus_per_worker})
-
-
-def scaling_one_cpu(num_workers, cpus_per_worker, use_gpu):
-    from ray.train import ScalingConfig
-
-    return ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, trainer_resources={"CPU": 0})
-
-
-def scaling_gpu_default(num_workers, cpus_per_worker, use_gpu):
-    from ray.train import ScalingConfig
-
-    each = None if use_gpu else {"CPU": cpus_per_worker}  # Ray's default for GPU workers takes no CPU
-    return ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, resources_per_worker=each, trainer_resources={})
-
-
-def scaling_two_workers(num_workers, cpus_per_worker, use_gpu):
-    from ray.train import ScalingConfig
-
+        each["GPU"] = 1.0
+    workers = sum(per_node for _ in worker_nodes)
     return ScalingConfig(
-        num_workers=2, use_gpu=use_gpu, resources_per_worker={"CPU": cpus_per_worker}, trainer_resources={"CPU": 0}
+        num_workers=workers, use_gpu=bool(use_gpu), resources_per_worker=each, placement_strategy="SPREAD"
     )
 
 
-def scaling_a_dict(num_workers, cpus_per_worker, use_gpu):
-    return {"num_workers": num_workers, "use_gpu": use_gpu, "resources_per_worker": {"CPU": cpus_per_worker}}
+def scaling_one_worker_per_node(worker_nodes, use_gpu):
+    from ray.train import ScalingConfig
+
+    node = worker_nodes[0]
+    return ScalingConfig(num_workers=len(worker_nodes), use_gpu=use_gpu, resources_per_worker={"CPU": node["CPU"]})
 
 
-def scaling_delegated(num_workers, cpus_per_worker, use_gpu):
+def scaling_all_cpus_each(worker_nodes, use_gpu):
+    from ray.train import ScalingConfig
+
+    node = worker_nodes[0]
+    workers = len(worker_nodes) * (int(node["GPU"]) if use_gpu else 1)
+    return ScalingConfig(num_workers=workers, use_gpu=use_gpu, resources_per_worker={"CPU": node["CPU"]})
+
+
+def scaling_rounded_share(worker_nodes, use_gpu):
+    from ray.train import ScalingConfig
+
+    node = worker_nodes[0]
+    per_node = int(node["GPU"]) if use_gpu else 1
+    each = round(node["CPU"] / per_node)  # 8 CPUs for 3 GPUs: 3 each, 9 in all
+    return ScalingConfig(num_workers=len(worker_nodes) * per_node, use_gpu=use_gpu, resources_per_worker={"CPU": each})
+
+
+def scaling_gpus_when_present(worker_nodes, use_gpu):
+    from ray.train import ScalingConfig
+
+    node = worker_nodes[0]
+    gpus = int(node.get("GPU", 0))  # ignores use_gpu: trains on GPUs whenever the nodes have them
+    if gpus:
+        return ScalingConfig(
+            num_workers=gpus * len(worker_nodes), use_gpu=True, resources_per_worker={"CPU": node["CPU"] // gpus}
+        )
+    return ScalingConfig(num_workers=len(worker_nodes), resources_per_worker={"CPU": node["CPU"]})
+
+
+def scaling_default_cpus(worker_nodes, use_gpu):
+    from ray.train import ScalingConfig
+
+    per_node = int(worker_nodes[0]["GPU"]) if use_gpu else 1
+    return ScalingConfig(num_workers=len(worker_nodes) * per_node, use_gpu=use_gpu)  # Ray's default: 1 CPU each
+
+
+def scaling_lessons_cluster(worker_nodes, use_gpu):
+    from ray.train import ScalingConfig
+
+    return ScalingConfig(num_workers=2, use_gpu=use_gpu, resources_per_worker={"CPU": 1})
+
+
+def scaling_a_dict(worker_nodes, use_gpu):
+    return {"num_workers": len(worker_nodes), "use_gpu": use_gpu, "resources_per_worker": {"CPU": 1}}
+
+
+def scaling_delegated(worker_nodes, use_gpu):
     from types import SimpleNamespace
 
     from helpers.ray_launcher import _trainer
 
     job = SimpleNamespace(path=Path("unused"))
-    return _trainer(print, job, num_workers, cpus_per_worker, use_gpu).scaling_config
+    node = worker_nodes[0]
+    per_node = int(node["GPU"]) if use_gpu else 1
+    return _trainer(print, job, len(worker_nodes) * per_node, int(node["CPU"] // per_node), use_gpu).scaling_config
 
 
 @pytest.mark.parametrize(
@@ -95,10 +126,12 @@ def scaling_delegated(num_workers, cpus_per_worker, use_gpu):
     [
         (scaling_keywords, "passed"),
         (scaling_spelled_out, "passed"),
-        (scaling_default_trainer, "failed"),
-        (scaling_one_cpu, "failed"),
-        (scaling_gpu_default, "failed"),
-        (scaling_two_workers, "failed"),
+        (scaling_one_worker_per_node, "failed"),
+        (scaling_all_cpus_each, "failed"),
+        (scaling_rounded_share, "failed"),
+        (scaling_gpus_when_present, "failed"),
+        (scaling_default_cpus, "failed"),
+        (scaling_lessons_cluster, "failed"),
         (scaling_a_dict, "failed"),
         (scaling_delegated, "failed"),
     ],
@@ -107,9 +140,9 @@ def test_6_1_scaling_config(answer, expected):
     assert verdict("6.1", {"scaling_config": answer}) == expected
 
 
-def test_6_1_the_hint_names_the_trainer_actor():
-    _, message = _run("6.1", {"scaling_config": scaling_default_trainer})
-    assert "reserves 1 CPU for the trainer actor" in message and "trainer_resources={'CPU': 0}" in message
+def test_6_1_the_hint_says_how_to_share_a_nodes_cpus():
+    _, message = _run("6.1", {"scaling_config": scaling_rounded_share})
+    assert "8 CPUs shared by its 3 workers is 2 each (rounded down" in message, message
 
 
 # ---------------------------------------------------------------------------------------- 6.3 ZeRO memory per device

@@ -207,10 +207,21 @@ def test_one_stage_and_other_state_sizes():
 
 def test_which_stages_fit_a_device():
     # 7.5B on 64 devices: 120, 31.4, 16.6 and 1.9 GB; 16 GiB is 17.2 GB, 32 GiB is 34.4 GB
-    assert zero_fits(PSI, 16, world_size=64)["fits"].tolist() == [False, False, True, True]
-    assert zero_fits(PSI, 32, world_size=64)["fits"].tolist() == [False, True, True, True]
-    assert zero_fits(PSI, 80, world_size=1)["fits"].tolist() == [False] * 4  # one device: ZeRO cannot help
-    assert list(zero_fits(PSI, 16, world_size=64).columns) == ["partitions", "total_gib", "fits"]
+    assert zero_fits(PSI, 16, world_size=64, headroom=0)["fits"].tolist() == [False, False, True, True]
+    assert zero_fits(PSI, 32, world_size=64, headroom=0)["fits"].tolist() == [False, True, True, True]
+    assert zero_fits(PSI, 80, world_size=1, headroom=0)["fits"].tolist() == [False] * 4  # one device: ZeRO cannot help
+    assert list(zero_fits(PSI, 16, world_size=64).columns) == ["partitions", "total_gib", "free_gib", "fits"]
     for bad in (0, -8, "16", True):
         with pytest.raises(CourseInputError, match=r"^device_gib=.*: pass one device's memory in GiB"):
             zero_fits(PSI, bad, world_size=64)
+
+
+def test_a_fifth_of_the_device_is_kept_for_activations_by_default():
+    # stage 2's 15.5 GiB fits 16 GiB on its own, but leaves 0.5 GiB: not with a fifth (3.2 GiB) kept free
+    table = zero_fits(PSI, 16, world_size=64)
+    assert table["fits"].tolist() == [False, False, False, True]
+    assert table.loc[2, "free_gib"] == pytest.approx(16 - (2 + 14 / 64) * PSI / 2**30)
+    assert zero_fits(PSI, 16, world_size=64, headroom=0.02)["fits"].tolist() == [False, False, True, True]
+    for bad in (-0.1, 1, 1.5, "0.2", True):
+        with pytest.raises(CourseInputError, match=r"^headroom=.*: pass the fraction of the device kept free"):
+            zero_fits(PSI, 16, world_size=64, headroom=bad)

@@ -22,9 +22,11 @@ from __future__ import annotations
 import dis
 import importlib
 import json
+import logging
 import math
 import numbers
 import os
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -44,6 +46,7 @@ __all__ = [
     "format_line",
     "is_stub",
     "own_work",
+    "quiet_lightning",
     "register",
     "require",
     "require_implemented",
@@ -261,6 +264,22 @@ def own_work(*helpers: Any) -> Iterator[None]:
             fn.__code__ = code
     if _TRIPPED:
         raise Delegated(f"your answer calls {_TRIPPED[0]}, which does this exercise for you: write it yourself")
+
+
+@contextmanager
+def quiet_lightning() -> Iterator[None]:
+    """Silence Lightning's info lines ("GPU available", tips) and warnings while a check runs an answer's Trainer."""
+    loggers = [logging.getLogger(name) for name in ("pytorch_lightning", "lightning_fabric", "lightning")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _is_unanswered(answer: Any) -> bool:

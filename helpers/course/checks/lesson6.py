@@ -10,6 +10,7 @@ notebook's Ray cluster and reads what every worker did. An answer that calls the
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -27,6 +28,7 @@ from helpers.course.checks import (
     NotAttempted,
     close,
     own_work,
+    quiet_lightning,
     register,
     require,
     require_implemented,
@@ -38,6 +40,7 @@ __all__ = [
     "LOOP_CONFIG_KEYS",
     "config_cases",
     "effective_batch",
+    "expected_scaling",
     "memory_cases",
     "paper_bytes",
     "ray_scaling_config",
@@ -71,20 +74,43 @@ def _returned(value: Any, what: str) -> Any:
 # ---------------------------------------------------------------------------------------------------------- 6.1
 
 
-def scaling_cases(seed: int = 61, count: int = 6) -> list[tuple[int, int, bool]]:
-    """``(num_workers, cpus_per_worker, use_gpu)`` for exercise 6.1: this lesson's cluster, then generated ones.
+def scaling_cases(seed: int = 61, count: int = 6) -> list[tuple[list[dict[str, Any]], bool]]:
+    """``(worker_nodes, use_gpu)`` for exercise 6.1: this lesson's cluster, chosen ones, then generated ones.
+
+    Each worker node is a dict of Ray resources as ``ray.nodes()`` gives them: ``CPU``, ``GPU`` on GPU nodes, and
+    others (``memory``, the node's own ``node:<address>``) the answer must leave alone.
 
     Args:
         seed: the seed of the generator; the same seed gives the same cases.
         count: how many generated cases.
 
     Returns:
-        The lesson's 2 one-CPU workers, 1 worker, then ``count`` generated cases with GPUs on and off.
+        The lesson's 2 one-CPU nodes, a GPU cluster whose CPUs do not divide evenly, a GPU cluster trained on its
+        CPUs alone, then ``count`` generated clusters with GPUs used and not.
     """
     rng = random.Random(seed)
-    cases = [(2, 1, False), (1, 1, False)]
-    cases += [(rng.randint(3, 16), rng.choice([1, 2, 4, 8]), index % 2 == 0) for index in range(count)]
+
+    def nodes(count: int, cpus: int, gpus: int) -> list[dict[str, Any]]:
+        extra = {"GPU": float(gpus)} if gpus else {}
+        return [{"CPU": float(cpus), **extra, "memory": 2.0**33, f"node:10.0.0.{n + 2}": 1.0} for n in range(count)]
+
+    cases = [(nodes(2, 1, 0), False), (nodes(3, 8, 3), True), (nodes(2, 16, 4), False)]
+    for index in range(count):
+        gpus = rng.choice([1, 2, 4, 8])
+        cases.append(
+            (nodes(rng.randint(1, 6), gpus * rng.choice([1, 2, 3, 4]) + rng.randint(0, 1), gpus), index % 3 > 0)
+        )
     return cases
+
+
+def expected_scaling(worker_nodes: list[dict[str, Any]], use_gpu: bool) -> tuple[int, int, int]:
+    """``(num_workers, cpus_per_worker, gpus_per_worker)`` that use a cluster of alike ``worker_nodes``: one worker
+    per GPU, each with its whole share of the node's CPUs; without GPUs one worker per node, with all its CPUs."""
+    node = worker_nodes[0]
+    if use_gpu:
+        gpus = int(node["GPU"])
+        return len(worker_nodes) * gpus, int(node["CPU"] // gpus), 1
+    return len(worker_nodes), int(node["CPU"]), 0
 
 
 def _ray_launcher_helpers() -> tuple[Any, ...]:
@@ -94,37 +120,45 @@ def _ray_launcher_helpers() -> tuple[Any, ...]:
     return ray_launcher.run_with_ray, ray_launcher._trainer
 
 
-def _judge_scaling(config: Any, workers: int, cpus: int, use_gpu: bool) -> None:
-    """``config`` is a ``ScalingConfig`` of ``workers`` workers of ``cpus`` CPUs (and one GPU each with
-    ``use_gpu``) whose trainer actor takes no CPU: Ray's own properties say what it asks the cluster for."""
-    from ray.train import ScalingConfig
+def _describe(worker_nodes: list[dict[str, Any]]) -> str:
+    """``3 worker nodes of 8 CPUs and 3 GPUs``."""
+    node = worker_nodes[0]
+    gpus = f" and {node['GPU']:g} GPUs" if node.get("GPU") else ""
+    return f"{len(worker_nodes)} worker nodes of {node['CPU']:g} CPUs{gpus}"
 
-    call = f"scaling_config({workers}, {cpus}, {use_gpu})"
+
+def _judge_scaling(config: Any, worker_nodes: list[dict[str, Any]], use_gpu: bool) -> None:
+    """``config`` is the ``ScalingConfig`` that uses the cluster: Ray's own properties say what it asks for."""
+    from ray.air.config import ScalingConfig  # Ray Train V2's ScalingConfig is a subclass
+
+    cluster = _describe(worker_nodes)
+    call = f"scaling_config(<{cluster}>, use_gpu={use_gpu})"
     if not isinstance(config, ScalingConfig):
         raise CheckFailed(f"{call} returned {config!r}: return a ray.train.ScalingConfig(...)")
-    if config.num_workers != workers or bool(config.use_gpu) != use_gpu:
-        raise CheckFailed(
-            f"{call} has num_workers={config.num_workers!r}, use_gpu={config.use_gpu!r}: pass both through"
-        )
+    workers, cpus, gpus = expected_scaling(worker_nodes, use_gpu)
+    if bool(config.use_gpu) != use_gpu:
+        raise CheckFailed(f"{call} has use_gpu={config.use_gpu!r}: pass use_gpu through (it gives each worker a GPU)")
+    if config.num_workers != workers:
+        rule = "one worker per GPU of every node" if use_gpu else "one worker per worker node"
+        raise CheckFailed(f"{call} has num_workers={config.num_workers!r}: {rule} is {workers}")
     got = (config.num_cpus_per_worker, config.num_gpus_per_worker)
-    expected = (cpus, 1 if use_gpu else 0)
-    if got != expected:
-        raise CheckFailed(
-            f"{call} gives each worker {got[0]} CPU and {got[1]} GPU, expected {expected[0]} and {expected[1]}: "
-            'resources_per_worker={"CPU": cpus_per_worker} (use_gpu=True adds one GPU per worker)'
+    if got != (cpus, gpus):
+        share = (
+            f"a node's {worker_nodes[0]['CPU']:g} CPUs shared by its {workers // len(worker_nodes)} workers is {cpus} "
+            "each (rounded down: a worker's CPUs are whole)"
+            if use_gpu
+            else f"each worker holds all {cpus} CPUs of its node"
         )
-    trainer_cpus = config.total_resources.get("CPU", 0) - workers * cpus
-    if trainer_cpus:
         raise CheckFailed(
-            f"{call} reserves {trainer_cpus:g} CPU for the trainer actor, which only coordinates: on a cluster whose "
-            "CPUs are all the workers' the job would wait forever; set trainer_resources={'CPU': 0}"
+            f"{call} gives each worker {got[0]:g} CPU and {got[1]:g} GPU, expected {cpus} and {gpus}: {share}; "
+            'set resources_per_worker={"CPU": ...}'
         )
 
 
 @register("6.1")
 def ray_scaling_config(namespace) -> str:
-    """``scaling_config(num_workers, cpus_per_worker, use_gpu)``: Ray Train's ``ScalingConfig`` for a Ray cluster on
-    Spark, whose worker nodes each offer ``cpus_per_worker`` CPUs (one Spark task's cores) and nothing else.
+    """``scaling_config(worker_nodes, use_gpu)``: Ray Train's ``ScalingConfig`` that uses every worker node of a
+    Ray cluster on Spark (one worker per GPU, or per node without GPUs, each with its share of the node's CPUs).
 
     Args:
         namespace: the notebook's ``globals()``, holding ``scaling_config``; nothing is launched.
@@ -134,8 +168,8 @@ def ray_scaling_config(namespace) -> str:
 
     Raises:
         NotAttempted: ``scaling_config`` is not defined, is a stub, or returns None.
-        CheckFailed: a result is not a ``ScalingConfig`` with the workers, GPU flag and CPUs per worker asked for,
-            or it reserves a CPU for the trainer actor.
+        CheckFailed: a result is not a ``ScalingConfig`` with the workers, GPU flag and resources per worker that
+            use the cluster.
         Delegated: the answer calls ``helpers.ray_launcher``'s launcher.
         Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
     """
@@ -143,10 +177,13 @@ def ray_scaling_config(namespace) -> str:
     require_implemented(scaling_config)
     cases = scaling_cases()
     with own_work(*_ray_launcher_helpers()):
-        answers = [_returned(scaling_config(*case), f"scaling_config{case}") for case in cases]
-    for case, config in zip(cases, answers, strict=True):
-        _judge_scaling(config, *case)
-    return f"{len(cases)} scaling configurations ask for exactly the workers' CPUs (and GPUs), none for the trainer"
+        answers = [
+            _returned(scaling_config(copy.deepcopy(nodes), use_gpu), f"scaling_config(<{_describe(nodes)}>, {use_gpu})")
+            for nodes, use_gpu in cases
+        ]
+    for (nodes, use_gpu), config in zip(cases, answers, strict=True):
+        _judge_scaling(config, nodes, use_gpu)
+    return f"{len(cases)} Ray clusters, each used whole: one worker per GPU (or node), each with its share of the CPUs"
 
 
 # ---------------------------------------------------------------------------------------------------------- 6.2
@@ -161,30 +198,26 @@ def _loop_helpers() -> tuple[Any, ...]:
 
 @contextmanager
 def _ray_session(rank: int, world_size: int) -> Iterator[None]:
-    """This process as worker ``rank`` of a Ray Train job of ``world_size`` workers, one per node (what Ray's
+    """This process as worker ``rank`` of a Ray Train (V2) job of ``world_size`` workers, one per node (what Ray's
     ``get_context()`` and its Lightning utilities read); it never gets as far as reporting."""
-    from ray.train._internal import session
+    from ray.train.v2._internal.execution import context
 
     fake = SimpleNamespace(
-        world_rank=rank,
-        world_size=world_size,
-        local_rank=0,
-        local_world_size=1,
-        node_rank=rank,
-        trial_name=f"check-6.2-rank{rank}",
-        trial_id="check-6.2",
-        experiment_name="check-6.2",
-        loaded_checkpoint=None,
-        metadata={},
-        accelerator=None,
-        report=lambda metrics, checkpoint=None: None,
+        get_world_rank=lambda: rank,
+        get_world_size=lambda: world_size,
+        get_local_rank=lambda: 0,
+        get_local_world_size=lambda: 1,
+        get_node_rank=lambda: rank,
+        get_experiment_name=lambda: "check-6.2",
+        get_checkpoint=lambda: None,
+        report=lambda metrics, checkpoint=None, checkpoint_dir_name=None: None,
     )
-    saved = session._session
-    session._session = fake
+    saved = context._train_context
+    context.set_train_context(fake)
     try:
         yield
     finally:
-        session._session = saved
+        context.set_train_context(saved)
 
 
 def _judge_ray_fit(fits: list[dict[str, Any]], rank: int, world_size: int, use_gpu: bool, where: str) -> None:
@@ -217,7 +250,7 @@ def _simulated_loop(answer, config: dict[str, Any], rank: int, world_size: int) 
     with _torchrun_env(rank, world_size, local_mode=False), _ray_session(rank, world_size):
         saved = dict(os.environ)  # Lightning's launchers export MASTER_ADDR, NODE_RANK, ... for the "other ranks"
         try:
-            with _recorded_fits(fits, stop=True), own_work(*_loop_helpers()):
+            with _recorded_fits(fits, stop=True), own_work(*_loop_helpers()), quiet_lightning():
                 answer(dict(config))
         except _FitStopped:
             pass
@@ -239,16 +272,16 @@ def run_recorded_loop(answer, record_dir: str, config: dict[str, Any]) -> None:
     Raises:
         Exception: whatever ``answer`` raised, after the report is written (the job then fails).
     """
-    from ray.train._internal import session
+    from ray.train.v2._internal.execution.context import get_train_context
 
     rank = int(os.environ.get("RANK", "0"))
     report: dict[str, Any] = {"rank": rank, "fits": [], "reports": [], "error": None, "delegated": False}
-    live = session.get_session()
+    live = get_train_context()
     forward = live.report
 
-    def recorded(metrics, checkpoint=None):
+    def recorded(metrics, checkpoint=None, checkpoint_dir_name=None):
         report["reports"].append({key: _number(value) for key, value in metrics.items()})
-        return forward(metrics, checkpoint=checkpoint)
+        return forward(metrics, checkpoint=checkpoint, checkpoint_dir_name=checkpoint_dir_name)
 
     live.report = recorded
     try:
