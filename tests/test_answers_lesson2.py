@@ -466,59 +466,124 @@ def test_2_6_leaves_mlflow_as_it_was():
 # --- 2.7 resume ------------------------------------------------------------------------------------------------
 
 
-def resume_fit(model, datamodule, ckpt_path, max_epochs):
+def resume_fit(model, datamodule, ckpt_path, max_epochs, callbacks):
+    trainer = pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False, **QUIET)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    return trainer
+
+
+def resume_last(model, datamodule, ckpt_path, max_epochs, callbacks):
+    trainer = pl.Trainer(max_epochs=max_epochs, callbacks=[*callbacks], **QUIET)  # default logger
+    trainer.fit(
+        model,
+        train_dataloaders=datamodule.train_dataloader(),
+        val_dataloaders=datamodule.val_dataloader(),
+        ckpt_path="last",  # the ModelCheckpoint's latest last.ckpt: ckpt_path itself here
+    )
+    return trainer
+
+
+def resume_positional(model, datamodule, ckpt_path, max_epochs, callbacks):
+    settings = {"max_epochs": max_epochs, "callbacks": callbacks, "logger": False, **QUIET}
+    trainer = pl.Trainer(**settings)
+    trainer.fit(model, datamodule, None, None, ckpt_path)
+    return trainer
+
+
+def resume_without_callbacks(model, datamodule, ckpt_path, max_epochs, callbacks):
     trainer = pl.Trainer(max_epochs=max_epochs, logger=False, enable_checkpointing=False, **QUIET)
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     return trainer
 
 
-def resume_last(model, datamodule, ckpt_path, max_epochs):
-    from pathlib import Path
-
-    keep = ModelCheckpoint(dirpath=Path(ckpt_path).parent, save_last=True)
-    trainer = pl.Trainer(max_epochs=max_epochs, logger=False, callbacks=[keep], **QUIET)
-    trainer.fit(
-        model,
-        train_dataloaders=datamodule.train_dataloader(),
-        val_dataloaders=datamodule.val_dataloader(),
-        ckpt_path="last",
-    )
+def resume_default_checkpoints(model, datamodule, ckpt_path, max_epochs, callbacks):
+    trainer = pl.Trainer(max_epochs=max_epochs, logger=False, **QUIET)  # Lightning's own ModelCheckpoint
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    return trainer
 
 
-def resume_from_scratch(model, datamodule, ckpt_path, max_epochs):
-    pl.Trainer(max_epochs=max_epochs, logger=False, enable_checkpointing=False, **QUIET).fit(model, datamodule)
+def resume_early_stopping_only(model, datamodule, ckpt_path, max_epochs, callbacks):
+    stops = [c for c in callbacks if isinstance(c, EarlyStopping)]
+    return resume_fit(model, datamodule, ckpt_path, max_epochs, stops)
 
 
-def resume_weights_only(model, datamodule, ckpt_path, max_epochs):
+def resume_checkpoint_only(model, datamodule, ckpt_path, max_epochs, callbacks):
+    saves = [c for c in callbacks if isinstance(c, ModelCheckpoint)]
+    return resume_fit(model, datamodule, ckpt_path, max_epochs, saves)
+
+
+def resume_own_callbacks(model, datamodule, ckpt_path, max_epochs, callbacks):
+    own = [
+        EarlyStopping(monitor="val_loss", patience=3),
+        ModelCheckpoint(dirpath="checkpoints", monitor="val_loss", save_last=True),
+    ]
+    return resume_fit(model, datamodule, ckpt_path, max_epochs, own)
+
+
+def resume_extra_checkpoints(model, datamodule, ckpt_path, max_epochs, callbacks):
+    extra = ModelCheckpoint(dirpath="checkpoints", monitor="val_loss")
+    return resume_fit(model, datamodule, ckpt_path, max_epochs, [*callbacks, extra])
+
+
+def resume_checkpointing_off(model, datamodule, ckpt_path, max_epochs, callbacks):
+    trainer = pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False, enable_checkpointing=False, **QUIET)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    return trainer
+
+
+def resume_from_scratch(model, datamodule, ckpt_path, max_epochs, callbacks):
+    trainer = pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False, **QUIET)
+    trainer.fit(model, datamodule)
+    return trainer
+
+
+def resume_weights_only(model, datamodule, ckpt_path, max_epochs, callbacks):
     saved = torch.load(ckpt_path, weights_only=False)
     model.load_state_dict(saved["state_dict"])
-    pl.Trainer(max_epochs=max_epochs - saved["epoch"] - 1, logger=False, enable_checkpointing=False, **QUIET).fit(
-        model, datamodule
-    )
+    return resume_fit(model, datamodule, None, max_epochs - saved["epoch"] - 1, callbacks)
 
 
-def resume_more_epochs(model, datamodule, ckpt_path, max_epochs):
+def resume_more_epochs(model, datamodule, ckpt_path, max_epochs, callbacks):
     saved = torch.load(ckpt_path, weights_only=False)
-    resume_fit(model, datamodule, ckpt_path, max_epochs + saved["epoch"] + 1)
+    return resume_fit(model, datamodule, ckpt_path, max_epochs + saved["epoch"] + 1, callbacks)
 
 
-def resume_hard_coded(model, datamodule, ckpt_path, max_epochs):
-    resume_fit(model, datamodule, ckpt_path, 4)
+def resume_hard_coded(model, datamodule, ckpt_path, max_epochs, callbacks):
+    return resume_fit(model, datamodule, ckpt_path, 4, callbacks)
 
 
-def resume_delegating(model, datamodule, ckpt_path, max_epochs):
+def resume_returns_nothing(model, datamodule, ckpt_path, max_epochs, callbacks):
+    resume_fit(model, datamodule, ckpt_path, max_epochs, callbacks)
+
+
+def resume_delegating(model, datamodule, ckpt_path, max_epochs, callbacks):
     return train(model, datamodule, max_epochs=max_epochs, ckpt_restore=ckpt_path, early_stopping=False)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("answer", [resume_fit, resume_last])
+@pytest.mark.parametrize("answer", [resume_fit, resume_last, resume_positional])
 def test_2_7_right(answer):
     assert verdict("2.7", answer) == "passed"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "answer", [resume_from_scratch, resume_weights_only, resume_more_epochs, resume_hard_coded, resume_delegating]
+    "answer",
+    [
+        resume_without_callbacks,
+        resume_default_checkpoints,
+        resume_early_stopping_only,
+        resume_checkpoint_only,
+        resume_own_callbacks,
+        resume_extra_checkpoints,
+        resume_checkpointing_off,
+        resume_from_scratch,
+        resume_weights_only,
+        resume_more_epochs,
+        resume_hard_coded,
+        resume_returns_nothing,
+        resume_delegating,
+    ],
 )
 def test_2_7_wrong(answer):
     assert verdict("2.7", answer) == "failed"

@@ -8,12 +8,10 @@ there); MLflow checks use a throw-away store of their own and leave the notebook
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 import tempfile
 import uuid
-import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import chdir, contextmanager
 from pathlib import Path
@@ -28,6 +26,7 @@ from helpers.course.checks import (
     NotAttempted,
     close,
     own_work,
+    quiet_lightning,
     register,
     require,
     require_implemented,
@@ -47,22 +46,6 @@ __all__ = [
 
 # ---------------------------------------------------------------------------------------------------------------
 # Small pieces the checks share: quiet Lightning, tiny models and data, a private MLflow store, a faked rank.
-
-
-@contextmanager
-def _quiet() -> Iterator[None]:
-    """Silence Lightning's info lines and warnings while a check trains."""
-    loggers = [logging.getLogger(name) for name in ("pytorch_lightning", "lightning_fabric", "lightning")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
 
 
 def _batch(rows: int, classes: int, size: int, seed: int) -> dict[str, torch.Tensor]:
@@ -355,7 +338,7 @@ def lightning_steps(namespace) -> str:
         LitClassificationModel.validation_step,
         LitClassificationModel._loss_and_accuracy,
     )
-    with _quiet(), _isolated_mlflow(_tracking_store()), own_work(*helpers):
+    with quiet_lightning(), _isolated_mlflow(_tracking_store()), own_work(*helpers):
         output = model.training_step(train[0], 0)
         with torch.no_grad():
             expected = F.cross_entropy(model(train[0]["features"]), train[0]["label_index"])
@@ -564,7 +547,7 @@ def tracked_fit(fit_tracked) -> str:
     patience = rng.randint(1, 2)
     max_epochs = patience + rng.randint(2, 3)
     before = _runs(client)
-    with tempfile.TemporaryDirectory() as folder, _quiet():
+    with tempfile.TemporaryDirectory() as folder, quiet_lightning():
         # min_delta far above any change in val_loss: EarlyStopping stops after exactly patience + 1 epochs
         model = _TinyClassifier(seed=1)
         given = [
@@ -620,22 +603,37 @@ def tracked_fit(fit_tracked) -> str:
     return "the Trainer stops early and checkpoints; rank 0 records one MLflow run with the metrics"
 
 
-def _check_resume(resume, done: int, more: int, steps: int, seed: int) -> None:
-    """Save a training after ``done`` epochs, let ``resume`` continue it to ``done + more`` epochs in all, and
-    raise :class:`CheckFailed` unless it continued from the checkpoint's epoch, step, weights and momentum."""
-    from pytorch_lightning.callbacks import ModelCheckpoint
+def _resume_callbacks(folder: Path, patience: int) -> list[pl.Callback]:
+    """The callbacks a checked training is saved and resumed with: an EarlyStopping whose ``min_delta`` is far above
+    any change in val_loss (every epoch after the first adds one to its wait count), and a ModelCheckpoint without
+    a monitor (it writes ``last.ckpt`` every epoch) into ``folder``."""
+    from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 
+    return [
+        EarlyStopping(monitor="val_loss", min_delta=1e3, patience=patience),
+        ModelCheckpoint(dirpath=folder, save_last=True),
+    ]
+
+
+def _check_resume(resume, done: int, more: int, patience: int, steps: int, seed: int) -> None:
+    """Save a training after ``done`` epochs, let ``resume`` continue it to ``done + more`` epochs in all with
+    callbacks made like the saved ones, and raise :class:`CheckFailed` unless it continued from the checkpoint's
+    epoch, step, weights, momentum and callback state, wrote its checkpoints with the callbacks given, and
+    returned its Trainer."""
     from helpers.training import train
 
     data = _TinyData(steps=steps, seed=seed)
-    with tempfile.TemporaryDirectory() as folder, _quiet(), _isolated_mlflow(_tracking_store()):
-        saver = ModelCheckpoint(dirpath=folder, save_last=True)
-        first = _trainer(max_epochs=done, enable_checkpointing=True, callbacks=[saver])
+    with tempfile.TemporaryDirectory() as folder, quiet_lightning(), _isolated_mlflow(_tracking_store()):
+        saves = Path(folder, "given-checkpoints")
+        first = _trainer(max_epochs=done, enable_checkpointing=True, callbacks=_resume_callbacks(saves, patience))
         first.fit(_TinyClassifier(seed=seed + 1), datamodule=data)
-        saved = torch.load(saver.last_model_path, map_location="cpu", weights_only=False)
+        last = saves / "last.ckpt"
+        saved = torch.load(last, map_location="cpu", weights_only=False)
         model = _TinyClassifier(seed=seed + 2)
         with own_work(train), chdir(folder):
-            resume(model, data, saver.last_model_path, done + more)
+            result = resume(model, data, str(last), done + more, _resume_callbacks(saves, patience))
+        last_epoch = torch.load(last, map_location="cpu", weights_only=False)["epoch"]
+        stray = sorted(str(p.relative_to(folder)) for p in Path(folder).rglob("*.ckpt") if p.parent != saves)
     if not model.starts:
         raise CheckFailed("nothing was trained: call trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)")
     start = model.starts[0]
@@ -657,20 +655,41 @@ def _check_resume(resume, done: int, more: int, steps: int, seed: int) -> None:
             "the optimizer's momentum started afresh: pass ckpt_path to trainer.fit, which restores "
             "the optimizer state too"
         )
-    if len(model.epochs) != more:
+    ran, due = len(model.epochs), min(more, patience - done + 1)  # early stopping waited done - 1 epochs already
+    if ran == more > due:
         raise CheckFailed(
-            f"after {done} saved epochs and max_epochs={done + more}, the resumed fit ran "
-            f"{len(model.epochs)} epochs: max_epochs counts all epochs, pass it unchanged"
+            f"early stopping started over: restored from the checkpoint, it ends the fit with epoch {done + due}, "
+            f"not {done + ran}: pass callbacks=callbacks to the Trainer, fit(ckpt_path=...) then restores their state"
         )
+    if ran != due:
+        raise CheckFailed(
+            f"the checkpoint ends with epoch {done} and max_epochs={done + more}: the resumed fit should end with "
+            f"epoch {done + due}, not {done + ran}: max_epochs counts all epochs, pass it unchanged"
+        )
+    if stray:
+        raise CheckFailed(
+            f"checkpoints went to {stray[0]} in the working directory: give the Trainer callbacks=callbacks "
+            "(their ModelCheckpoint writes to the checkpoint's folder), no checkpoint callback of your own"
+        )
+    if last_epoch != done + ran - 1:
+        raise CheckFailed(
+            "the resumed fit wrote no checkpoint: pass callbacks=callbacks to the Trainer (their ModelCheckpoint "
+            "continues in the checkpoint's folder)"
+        )
+    if not isinstance(result, pl.Trainer) or result.lightning_module is not model:
+        raise CheckFailed(f"returned {type(result).__name__}: return the pl.Trainer that ran the fit")
 
 
 @register("2.7")
 def resumed_training(resume) -> str:
-    """``resume(model, datamodule, ckpt_path, max_epochs)``: continues a saved training (epoch, step, weights
-    and optimizer state) until ``max_epochs`` epochs in all; two generated cases with different totals.
+    """``resume(model, datamodule, ckpt_path, max_epochs, callbacks)``: continues a saved training (epoch, step,
+    weights, optimizer state and the callbacks' state) until ``max_epochs`` epochs in all, with ``callbacks``, and
+    returns the Trainer; two generated cases.
 
     Args:
-        resume: the answer, given a tiny model, its data and the ``last.ckpt`` of a training the check ran.
+        resume: the answer, given a tiny model, its data, the ``last.ckpt`` of a training the check ran with an
+            EarlyStopping and a ModelCheckpoint, and new callbacks made like those: once where early stopping
+            (its wait count restored) stops before ``max_epochs``, once where it does not.
 
     Returns:
         The success message ``check`` shows.
@@ -678,15 +697,20 @@ def resumed_training(resume) -> str:
     Raises:
         NotAttempted: ``resume`` is still a stub.
         CheckFailed: nothing was trained; training did not start from the checkpoint's weights, epoch and step,
-            or momentum; it did not end after ``max_epochs`` epochs in all.
+            or momentum; early stopping started over; it did not end after ``max_epochs`` epochs in all;
+            checkpoints were written outside the given ModelCheckpoint's folder, or none; the result is not
+            the Trainer that ran the fit.
         Delegated: the answer calls ``helpers.training.train``.
         Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
     """
     require_implemented(resume)
     rng = random.Random(27)
-    _check_resume(resume, done=1, more=rng.randint(1, 2), steps=rng.randint(3, 5), seed=5)
-    _check_resume(resume, done=2, more=rng.randint(2, 3), steps=rng.randint(3, 5), seed=15)
-    return "training continues from the checkpoint's epoch, step, weights and optimizer state"
+    _check_resume(resume, done=1, more=rng.randint(1, 2), patience=rng.randint(4, 5), steps=rng.randint(3, 5), seed=5)
+    patience = rng.randint(2, 3)
+    _check_resume(
+        resume, done=2, more=patience + rng.randint(0, 1), patience=patience, steps=rng.randint(3, 5), seed=15
+    )
+    return "training continues from the checkpoint's epoch, step, weights, optimizer and callback state"
 
 
 def _log_runs(client, experiment_id: str, finals: list[float | None], statuses: list[str]) -> list[str]:
