@@ -59,10 +59,17 @@ def test_an_incomplete_table_is_refused(table):
 
 
 @pytest.mark.slow
-def test_the_timing_job_measures_both_process_counts():
-    steps = measure_step_scaling(global_batches=(8, 16), steps=2, warmup=1)
+@pytest.mark.parametrize("launcher", ["horovod", "torch_distributor"])
+def test_the_timing_job_measures_both_process_counts(launcher, request):
+    spark = request.getfixturevalue("spark") if launcher == "torch_distributor" else None  # Horovod needs none
+    steps = measure_step_scaling(global_batches=(8, 16), steps=2, warmup=1, launcher=launcher, spark=spark)
     assert list(steps.columns) == STEP_COLUMNS
     assert steps[["global_batch", "processes"]].values.tolist() == [[8, 1], [8, 2], [16, 1], [16, 2]]
     assert (steps["compute_ms"] > 0).all()
     assert (steps["step_ms"] - steps["compute_ms"] - steps["comm_ms"]).abs().max() < 1e-9
     assert (steps["job_s"] > steps["steps_s"]).all()
+
+
+def test_an_unknown_launcher_is_refused_in_one_line():
+    with pytest.raises(CourseInputError, match=r"^launcher='ray'.*horovod.*torch_distributor"):
+        measure_step_scaling(launcher="ray")

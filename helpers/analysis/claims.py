@@ -249,7 +249,7 @@ def step_scaling_report(steps: pd.DataFrame, sweep: pd.DataFrame | None = None) 
     job = steps.sort_values("processes").iloc[-1]
     lines.append(
         f"Fixed costs: the {int(job['processes'])}-process job took {job['job_s']:.1f} s, of which its steps took "
-        f"{job['steps_s']:.1f} s; the rest (starting processes, imports, Horovod's rendezvous) does not shrink with "
+        f"{job['steps_s']:.1f} s; the rest (starting processes, imports, the rendezvous) does not shrink with "
         "more processes, so a short run gains even less than its steps do."
     )
     if sweep is not None:

@@ -1,11 +1,12 @@
 """Lesson 5: where 2 processes do beat 1 on a CPU. Time per training step at a small and a large global batch.
 
-Each process of a ``HorovodRunner`` job gets one core of its own and one torch thread (as each would get a GPU of
-its own) and trains lesson 2's ``small_cnn`` on in-memory random images, at a fixed *global* batch: each of n
-processes takes global / n rows per step. Rank 0 times every step and splits it into compute (forward and backward)
-and the rest (the optimizer's step, where Horovod waits for the gradients' allreduce and for the slower process).
-Each part's median over the timed steps goes into the table (a step is the sum of the two: one slow step of a
-shared machine does not move it); the first steps warm up and are not counted.
+Each process of a ``HorovodRunner`` job (or of a ``torchrun`` job of TorchDistributor, where Horovod is not
+installed) gets one core of its own and one torch thread (as each would get a GPU of its own) and trains lesson 2's
+``small_cnn`` on in-memory random images, at a fixed *global* batch: each of n processes takes global / n rows per
+step. Rank 0 times every step and splits it into compute (forward and backward) and the rest (the gradients'
+allreduce, with the wait for the slower process, and the optimizer's step). Each part's median over the timed steps
+goes into the table (a step is the sum of the two: one slow step of a shared machine does not move it); the first
+steps warm up and are not counted.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from helpers.validation import whole_number
+from helpers.validation import one_of, whole_number
 
-__all__ = ["STEP_COLUMNS", "measure_step_scaling", "plot_step_times", "time_steps"]
+__all__ = ["STEP_COLUMNS", "measure_step_scaling", "plot_step_times", "time_steps", "time_steps_torch"]
 
 #: The columns of :func:`measure_step_scaling`'s table.
 STEP_COLUMNS = ["global_batch", "processes", "step_ms", "compute_ms", "comm_ms", "job_s", "steps_s"]
@@ -38,8 +39,39 @@ def _own_core(rank: int) -> None:
     torch.set_num_threads(1)
 
 
+def _timed(model, optimizer, world_size: int, global_batches: list[int], steps: int, warmup: int, average) -> dict:
+    """Train ``warmup + steps`` steps at each global batch, ``global / world_size`` rows each; time each step's
+    compute (zero_grad, forward, backward) apart from the rest (``average()``, the optimizer's step)."""
+    import torch
+    import torch.nn.functional as F
+
+    out: dict[str, Any] = {"step_ms": {}, "compute_ms": {}, "comm_ms": {}}
+    started = time.perf_counter()
+    for batch in global_batches:
+        rows = batch // world_size
+        x, y = torch.randn(rows, 3, _IMAGE_SIZE, _IMAGE_SIZE), torch.randint(0, _CLASSES, (rows,))
+        compute, comm = [], []
+        for _ in range(warmup + steps):
+            t0 = time.perf_counter()
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            t1 = time.perf_counter()
+            average()
+            optimizer.step()
+            compute.append(t1 - t0)
+            comm.append(time.perf_counter() - t1)
+        compute, comm = compute[warmup:], comm[warmup:]
+        out["compute_ms"][batch] = 1000 * statistics.median(compute)
+        out["comm_ms"][batch] = 1000 * statistics.median(comm)
+        out["step_ms"][batch] = out["compute_ms"][batch] + out["comm_ms"][batch]
+    out["steps_s"] = time.perf_counter() - started
+    return out
+
+
 def time_steps(global_batches: list[int], steps: int, warmup: int) -> dict[str, Any]:
-    """Train ``warmup + steps`` plain Horovod steps at each global batch; runs in every process of the job.
+    """Time plain Horovod steps at each global batch (see :func:`_timed`); runs in every process of a
+    ``HorovodRunner`` job. Horovod starts each gradient's allreduce during the backward pass, and the optimizer's
+    step waits for them.
 
     Args:
         global_batches: the global batches, each divisible by the number of processes.
@@ -52,7 +84,6 @@ def time_steps(global_batches: list[int], steps: int, warmup: int) -> dict[str, 
     """
     import horovod.torch as hvd
     import torch
-    import torch.nn.functional as F
 
     from helpers.model import make_network
 
@@ -64,38 +95,75 @@ def time_steps(global_batches: list[int], steps: int, warmup: int) -> dict[str, 
         torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters()
     )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    out: dict[str, Any] = {"step_ms": {}, "compute_ms": {}, "comm_ms": {}}
-    started = time.perf_counter()
-    for batch in global_batches:
-        rows = batch // hvd.size()
-        x, y = torch.randn(rows, 3, _IMAGE_SIZE, _IMAGE_SIZE), torch.randint(0, _CLASSES, (rows,))
-        compute, comm = [], []
-        for _ in range(warmup + steps):
-            t0 = time.perf_counter()
-            optimizer.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            t1 = time.perf_counter()
-            optimizer.step()  # waits for the gradients' allreduce (started during backward)
-            compute.append(t1 - t0)
-            comm.append(time.perf_counter() - t1)
-        compute, comm = compute[warmup:], comm[warmup:]
-        out["compute_ms"][batch] = 1000 * statistics.median(compute)
-        out["comm_ms"][batch] = 1000 * statistics.median(comm)
-        out["step_ms"][batch] = out["compute_ms"][batch] + out["comm_ms"][batch]
-    out["steps_s"] = time.perf_counter() - started
-    return out
+    return _timed(model, optimizer, hvd.size(), global_batches, steps, warmup, average=lambda: None)
+
+
+def time_steps_torch(global_batches: list[int], steps: int, warmup: int) -> dict[str, Any]:
+    """:func:`time_steps` with ``torch.distributed`` (Gloo) instead of Horovod; runs in every process of a
+    ``torchrun`` job (TorchDistributor). After the backward pass the gradients, flattened into one tensor (as
+    Horovod's tensor fusion does), are averaged with one allreduce: the communication is timed on its own, with
+    none of it hidden behind the backward pass.
+
+    Args, Returns: as for :func:`time_steps`.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from helpers.model import make_network
+
+    dist.init_process_group("gloo")
+    try:
+        _own_core(dist.get_rank())
+        torch.manual_seed(0)
+        model = make_network(_CLASSES)
+        for tensor in model.state_dict().values():
+            dist.broadcast(tensor, src=0)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        world_size = dist.get_world_size()
+
+        def average() -> None:
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            flat = torch.cat([g.reshape(-1) for g in grads]).div_(world_size)
+            dist.all_reduce(flat)
+            for grad, part in zip(grads, flat.split([g.numel() for g in grads])):
+                grad.copy_(part.view_as(grad))
+
+        return _timed(model, optimizer, world_size, global_batches, steps, warmup, average)
+    finally:
+        dist.destroy_process_group()
+
+
+def _job(launcher: str, processes: int, spark):
+    """A function that runs ``fn(**kwargs)`` in ``processes`` local processes with ``launcher``, and the function
+    each process runs."""
+    if launcher == "horovod":
+        from helpers.horovod_runner import HorovodRunner
+
+        return (lambda fn, **kwargs: HorovodRunner(np=-processes).run(fn, **kwargs)), time_steps
+    from helpers.distributor import make_distributor, run_with_distributor
+
+    distributor = make_distributor(processes, local_mode=True, spark=spark)
+    return (lambda fn, **kwargs: run_with_distributor(distributor, fn, spark=spark, **kwargs)), time_steps_torch
 
 
 def measure_step_scaling(
-    global_batches: tuple[int, ...] = (64, 256), steps: int = 20, warmup: int = 3, processes: tuple[int, ...] = (1, 2)
+    global_batches: tuple[int, ...] = (64, 256),
+    steps: int = 20,
+    warmup: int = 3,
+    processes: tuple[int, ...] = (1, 2),
+    launcher: str = "horovod",
+    spark=None,
 ) -> pd.DataFrame:
-    """Time steps at each global batch with 1 and 2 local Horovod processes (``HorovodRunner(np=-n)``).
+    """Time steps at each global batch with 1 and 2 local processes: ``HorovodRunner(np=-n)`` or TorchDistributor
+    in local mode (``torch.distributed`` over Gloo, :func:`time_steps_torch`).
 
     Args:
         global_batches: the global batches, each divisible by every process count.
         steps: the timed steps per batch.
         warmup: the untimed steps before them.
         processes: the process counts, one job each.
+        launcher: ``"horovod"`` or ``"torch_distributor"``.
+        spark: TorchDistributor's SparkSession (default: the active one).
 
     Returns:
         One row per (global batch, process count) with :data:`STEP_COLUMNS`: the median step, compute and
@@ -103,19 +171,19 @@ def measure_step_scaling(
         included) and the seconds its steps took (``steps_s``).
 
     Raises:
-        CourseInputError: a count or batch that is not a whole number of at least 1.
-        HorovodWorkerError: a process failed.
+        CourseInputError: a count or batch that is not a whole number of at least 1, or another launcher.
+        HorovodWorkerError, DistributorError: a process failed.
     """
-    from helpers.horovod_runner import HorovodRunner
-
+    one_of("launcher", launcher, ("horovod", "torch_distributor"))
     whole_number("steps", steps)
     whole_number("warmup", warmup, minimum=0)
     rows = []
     for n in processes:
         whole_number("processes", n)
         batches = [whole_number("global_batches", b) for b in global_batches]
+        run, fn = _job(launcher, n, spark)
         started = time.perf_counter()
-        result = HorovodRunner(np=-n).run(time_steps, global_batches=batches, steps=steps, warmup=warmup)
+        result = run(fn, global_batches=batches, steps=steps, warmup=warmup)
         job_s = time.perf_counter() - started
         for batch in batches:
             rows.append(
