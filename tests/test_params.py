@@ -19,6 +19,7 @@ from helpers import CourseInputError
 from helpers.course.build import solution_notebooks
 from helpers.course.cli import main
 from helpers.course.run import declared_parameters, load_params, resolve_all, select
+from helpers.tracking import registry_name
 from helpers.workdir import REPO_ROOT
 
 PARAM_FILES = sorted((REPO_ROOT / "params").glob("*.yaml"))
@@ -109,8 +110,30 @@ def test_cluster_files_use_real_data_on_gpus(param_file):
         if isinstance(body, dict) and "USE_GPU" in body:
             assert body["USE_GPU"] is True, section
     assert data["runner"]["env"]["COURSE_WORK_DIR"] == common["WORK_DIR"]
-    if param_file.stem == "databricks":
-        assert common["WORK_DIR"].startswith("/dbfs/") and common["MLFLOW_TRACKING_URI"] == "databricks"
+
+
+def _strings(node) -> list[str]:
+    """Every string value of a parsed YAML document."""
+    if isinstance(node, dict):
+        return [text for value in node.values() for text in _strings(value)]
+    if isinstance(node, list):
+        return [text for value in node for text in _strings(value)]
+    return [node] if isinstance(node, str) else []
+
+
+def test_databricks_file_keeps_files_in_a_volume_and_models_in_unity_catalog(monkeypatch):
+    data = yaml.safe_load((REPO_ROOT / "params" / "databricks.yaml").read_text())
+    common, env = data["common"], data["runner"]["env"]
+    assert not [text for text in _strings(data) if text.startswith(("/dbfs", "dbfs:"))]  # no DBFS left
+    volume = "/".join(common["WORK_DIR"].split("/")[:5])  # /Volumes/<catalog>/<schema>/<volume>
+    assert volume.startswith("/Volumes/") and volume.count("/") == 4, volume
+    for path in (common["DATA_DIR"], common["WORK_DIR"], env["COURSE_WORK_DIR"], env["TORCH_HOME"]):
+        assert path.startswith(volume + "/"), path  # one volume to create and grant
+    assert common["MLFLOW_TRACKING_URI"] == "databricks" and env["MLFLOW_REGISTRY_URI"] == "databricks-uc"
+    catalog, schema = volume.split("/")[2:4]
+    assert env["COURSE_MODEL_SCHEMA"] == f"{catalog}.{schema}"  # the models beside the volume
+    monkeypatch.setenv("COURSE_MODEL_SCHEMA", env["COURSE_MODEL_SCHEMA"])
+    assert registry_name("image-classifier", env["MLFLOW_REGISTRY_URI"]) == f"{catalog}.{schema}.image-classifier"
 
 
 def test_readme_names_the_files_and_the_command():
@@ -227,6 +250,10 @@ def test_instructor_guide_covers_the_topics():
         "Petastorm cache on the local disk",
         "Horovod vs torch",
         "make gpu-smoke",
+        "Unity Catalog",
+        "COURSE_MODEL_SCHEMA",
+        "CREATE MODEL",
+        "WRITE VOLUME",
     ):
         assert topic in guide, topic
     for path in PARAM_FILES:

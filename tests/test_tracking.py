@@ -16,7 +16,14 @@ from torch.utils.data import DataLoader
 
 from helpers import CourseInputError
 from helpers.model import LitClassificationModel
-from helpers.tracking import load_registered_model, metric_history, run_name, setup_mlflow, tracking_uri
+from helpers.tracking import (
+    load_registered_model,
+    metric_history,
+    registry_name,
+    run_name,
+    setup_mlflow,
+    tracking_uri,
+)
 from helpers.training import train
 
 pytestmark = [
@@ -136,6 +143,92 @@ def test_unknown_registered_model_is_reported():
     setup_mlflow("setup-check")
     with pytest.raises(CourseInputError, match="no-such-model"):
         load_registered_model("no-such-model")
+
+
+# --- Unity Catalog's registry (Databricks): three-level names, no models:/name/latest -------------------------------
+
+
+def test_model_names_go_into_the_schema_course_model_schema_names(monkeypatch):
+    monkeypatch.delenv("COURSE_MODEL_SCHEMA", raising=False)
+    assert registry_name("image-classifier") == "image-classifier"  # laptops, MLflow servers: as given
+    assert registry_name("image-classifier", "sqlite:///x.db") == "image-classifier"
+    monkeypatch.setenv("COURSE_MODEL_SCHEMA", "main.scaling_dl")
+    assert registry_name("image-classifier") == "main.scaling_dl.image-classifier"
+    assert registry_name("image-classifier", "databricks-uc") == "main.scaling_dl.image-classifier"
+    assert registry_name("prod.models.classifier", "databricks-uc") == "prod.models.classifier"  # already qualified
+
+
+@pytest.mark.parametrize("schema", ["main", "main.a.b", "main.", "main.my schema", "main/x.y"])
+def test_a_model_schema_that_is_not_catalog_dot_schema_is_refused(monkeypatch, schema):
+    monkeypatch.setenv("COURSE_MODEL_SCHEMA", schema)
+    with pytest.raises(CourseInputError, match=r"COURSE_MODEL_SCHEMA=.*<catalog>\.<schema>"):
+        registry_name("image-classifier")
+
+
+def test_unity_catalog_takes_only_three_level_names(monkeypatch):
+    monkeypatch.delenv("COURSE_MODEL_SCHEMA", raising=False)
+    for uri in ("databricks-uc", "databricks-uc://my-profile"):
+        with pytest.raises(CourseInputError, match=r"catalog\.schema\.model: set COURSE_MODEL_SCHEMA"):
+            registry_name("image-classifier", uri)
+    with pytest.raises(CourseInputError, match="catalog.schema.model"):
+        registry_name("main.scaling_dl.image classifier", "databricks-uc")  # no spaces in Unity Catalog names
+    assert registry_name("image-classifier", "databricks") == "image-classifier"  # the legacy workspace registry
+
+
+def test_a_name_unity_catalog_refuses_stops_train_before_the_fit(monkeypatch, digits):
+    """MLFLOW_REGISTRY_URI=databricks-uc, as params/databricks.yaml sets it, and no COURSE_MODEL_SCHEMA: the error
+    comes before any epoch and leaves no run behind (registering would fail only after the training)."""
+    monkeypatch.delenv("COURSE_MODEL_SCHEMA", raising=False)
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", "databricks-uc")
+    model = LitClassificationModel(CLASS_COUNT, image_size=IMAGE_SIZE)
+    before = [tensor.clone() for tensor in model.parameters()]
+    with pytest.raises(CourseInputError, match="'lesson-2-uc'.*COURSE_MODEL_SCHEMA"):
+        train(model, digits, max_epochs=1, mlflow_experiment="/Shared/course/lesson-2-uc", progress_bar=False)
+    assert runs_of("/Shared/course/lesson-2-uc") == []
+    assert all(torch.equal(old, new) for old, new in zip(before, model.parameters(), strict=True))  # never trained
+    assert mlflow.active_run() is None
+
+
+@pytest.mark.slow
+def test_model_is_registered_in_the_schema_and_loads_back_by_its_short_name(monkeypatch, digits):
+    monkeypatch.setenv("COURSE_MODEL_SCHEMA", "main.scaling_dl")
+    result = train(
+        LitClassificationModel(CLASS_COUNT, image_size=IMAGE_SIZE),
+        digits,
+        max_epochs=1,
+        mlflow_experiment="schema-check",
+        registered_model_name="schema-classifier",
+        progress_bar=False,
+    )
+    assert (result.registered_model_name, result.registered_model_version) == ("main.scaling_dl.schema-classifier", "1")
+    network = load_registered_model("schema-classifier")  # the short name finds it, as lesson 2's would
+    with torch.no_grad():
+        assert network(digits.val_x[:4]).shape == (4, CLASS_COUNT)
+
+
+def test_latest_is_the_highest_version_even_where_the_registry_has_no_latest(monkeypatch):
+    """Unity Catalog's registry refuses ``get_latest_versions``, which ``models:/name/latest`` needs: "latest" is
+    resolved from the versions found. Here the registry client (every store's way in) refuses it the same way."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking._model_registry.client import ModelRegistryClient
+
+    setup_mlflow("latest-check")
+    example = torch.ones(1, 2)
+    for fill in (1.0, 2.0):  # version 1 maps the example to 2.0, version 2 to 4.0
+        network = torch.nn.Linear(2, 1)
+        torch.nn.init.constant_(network.weight, fill)
+        torch.nn.init.zeros_(network.bias)
+        with mlflow.start_run():
+            mlflow.pytorch.log_model(network, name="model", input_example=example.numpy(),
+                                     registered_model_name="latest-check", pip_requirements=[])  # fmt: skip
+
+    def no_latest(self, name, stages=None):
+        raise MlflowException("get_latest_versions is not supported for models in Unity Catalog")
+
+    monkeypatch.setattr(ModelRegistryClient, "get_latest_versions", no_latest)
+    with torch.no_grad():
+        assert load_registered_model("latest-check")(example).item() == 4.0
+        assert load_registered_model("latest-check", 1)(example).item() == 2.0
 
 
 class BreaksInSecondEpoch:
