@@ -347,8 +347,9 @@ class PetastormBatches:
             yield next(self._iterator)
 
     def close(self) -> None:
-        """Stop the persistent reader, if one is open."""
-        if self._context is not None:
+        """Stop the persistent reader, if one is open (also on an object whose ``__init__`` never ran, such as a
+        subclass's that failed first)."""
+        if getattr(self, "_context", None) is not None:
             self._context.__exit__(None, None, None)
         self._context, self._iterator = None, None
 

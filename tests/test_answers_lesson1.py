@@ -6,6 +6,7 @@ Spark DataFrame, Delta tables, a small Petastorm converter), so the tests only n
 
 from __future__ import annotations
 
+import gc
 import io
 import itertools
 import math
@@ -678,8 +679,10 @@ def test_1_9_wrong(answer):
     assert verdict("1.9", answer) == "failed"
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")  # no "Exception ignored in __del__"
 def test_1_9_delegating():
     assert delegated("1.9", StepsDelegating)
+    gc.collect()
 
 
 # --- every check: unanswered is "not attempted" ----------------------------------------------------------------

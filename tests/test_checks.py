@@ -121,6 +121,27 @@ def test_an_unexpected_exception_is_a_failure_with_its_type(capsys):
     assert capsys.readouterr().out == "❌ 98.4 not yet: ZeroDivisionError: division by zero\n"
 
 
+def test_a_bug_in_the_check_itself_is_an_error_of_the_check_not_a_failure_of_the_learner(capsys):
+    @register("98.9")
+    def buggy_check(answer) -> str:
+        answer(2)
+        return {}["missing"]  # the check's own KeyError, after the answer returned
+
+    assert check("98.9", lambda x: x * x) is False
+    out = capsys.readouterr().out
+    assert out.startswith("⚠️ 98.9 could not be checked: the check itself failed (KeyError: 'missing')"), out
+    assert "not in your answer" in out
+
+
+def test_an_answer_s_error_raised_inside_a_library_it_called_is_the_learner_s(capsys):
+    @register("98.10")
+    def calls_student_code(answer) -> str:
+        return str(answer("x"))
+
+    assert check("98.10", lambda text: int(text)) is False  # raised in int(), called from the answer
+    assert capsys.readouterr().out.startswith("❌ 98.10 not yet: ValueError: invalid literal for int()")
+
+
 def test_check_functions_may_raise_not_attempted(capsys):
     @register("98.5")
     def unfinished(answer) -> str:

@@ -26,9 +26,11 @@ import logging
 import math
 import numbers
 import os
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -317,11 +319,13 @@ def _run(exercise_id: str, answer: Any) -> tuple[str, str]:
         return ERROR, "no check is registered for this exercise id"
     if _is_unanswered(answer):
         return NOT_ATTEMPTED, "replace the `...` with your code"
-    return _judged(lambda: fn(answer))
+    return _judged(lambda: fn(answer), _codes(fn))
 
 
-def _judged(call: Callable[[], Any]) -> tuple[str, str]:
-    """``(status, message)`` for running ``call`` (a check on an answer, or part of one); never raises."""
+def _judged(call: Callable[[], Any], check_code: set[Any] | None = None) -> tuple[str, str]:
+    """``(status, message)`` for running ``call`` (a check on an answer, or part of one); never raises. An
+    exception from the answer is a failure; one from the check's own code (``check_code``, or this package's) is
+    an error of the check."""
     try:
         message = call()
         return PASSED, "" if message is None else str(message)
@@ -330,7 +334,53 @@ def _judged(call: Callable[[], Any]) -> tuple[str, str]:
     except CheckFailed as hint:
         return FAILED, str(hint)
     except Exception as error:  # noqa: BLE001 - the student's code may raise anything
-        return FAILED, f"{type(error).__name__}: {error}"
+        if _raised_in_answer(error, check_code or set()):
+            return FAILED, f"{type(error).__name__}: {error}"
+        return ERROR, (
+            f"the check itself failed ({type(error).__name__}: {error}): a bug in the course, not in your answer; "
+            "tell your instructor"
+        )
+
+
+_INTERPRETER = tuple({str(Path(root).resolve()) for root in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
+_COURSE = str(Path(__file__).resolve().parents[2])  # the helpers package
+_CHECKS = str(Path(__file__).resolve().parent)  # this package: the checks
+
+
+def _codes(fn: Any) -> set[Any]:
+    """The code objects of ``fn`` and of the functions defined inside it."""
+    found, todo = set(), [getattr(fn, "__code__", None)]
+    while todo:
+        code = todo.pop()
+        if code is not None and code not in found:
+            found.add(code)
+            todo += [const for const in code.co_consts if hasattr(const, "co_filename")]
+    return found
+
+
+def _raised_in_answer(error: BaseException, check_code: set[Any]) -> bool:
+    """Whether ``error`` comes from the learner's code: from the innermost frame out, skipping the interpreter's
+    libraries and the course's helpers, the first frame decides: the check's own code (this package, or
+    ``check_code``) or the answer's (anything else: a notebook cell). The course's errors about bad input and about
+    a job's processes (which ran the answer) are the answer's, and so is an error the check raised while handling
+    one from the answer."""
+    from helpers import CourseInputError
+    from helpers.jobs import JobError
+
+    if isinstance(error, CourseInputError | JobError):  # the course's word on what it was given, or on a job's process
+        return True
+    tb, frames = error.__traceback__, []
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code)
+        tb = tb.tb_next
+    for code in reversed(frames):
+        path = code.co_filename if code.co_filename.startswith("<") else str(Path(code.co_filename).resolve())
+        if code in check_code or path.startswith(_CHECKS):
+            break
+        if not path.startswith(("<frozen", *_INTERPRETER, _COURSE)):
+            return True
+    context = error.__cause__ or error.__context__
+    return isinstance(context, Exception) and _raised_in_answer(context, check_code)
 
 
 def format_line(exercise_id: str, status: str, message: str) -> str:
