@@ -12,8 +12,9 @@ lesson, so edited or deleted checks can neither cheat nor break grading: each ch
 first, and only records printed by the lesson's own check cells count. (The student's code runs in the same
 kernel, so this stops accidents and casual cheats, not a determined attacker.) The notebook runs with papermill in
 its own process, under a per-notebook timeout, with the CI parameters and errors allowed. Each exercise's status
-comes from the record its check cell printed: passed, failed, not attempted, or error (no record: a timeout, a dead
-kernel, a check cell that raised; or a duplicated exercise cell, or a file that is not a notebook).
+comes from the record its check cell printed: passed, failed, not attempted, or error (the check's own code raised,
+or no record: a timeout, a dead kernel, a check cell that raised; or a duplicated exercise cell, or a file that is
+not a notebook).
 ``grades.csv`` gets one row per exercise (submission, lesson, exercise, status, detail, optional: "yes" for a
 stretch exercise) and the executed notebooks, with a summary on top, go to ``grades_feedback/`` next to it. One
 bad submission never stops the run.
