@@ -49,6 +49,7 @@ import psutil
 from ray.util.spark.start_hook_base import RayOnSparkStartHook
 
 from helpers import CourseInputError
+from helpers.logs import logger_levels
 from helpers.processes import process_tree, stop_processes
 from helpers.shared_storage import check_shared_folder
 from helpers.spark import active_session, executor_count, task_slots
@@ -266,19 +267,6 @@ def _driver_setup(loopback: bool) -> Iterator[None]:
             os.environ[_SPARK_HOOK_ENV] = previous
 
 
-@contextlib.contextmanager
-def _quiet_logs(levels: dict[str, int]) -> Iterator[None]:
-    """Set the levels of these loggers (by name) for the block."""
-    saved = {name: logging.getLogger(name).level for name in levels}
-    for name, level in levels.items():
-        logging.getLogger(name).setLevel(level)
-    try:
-        yield
-    finally:
-        for name, level in saved.items():
-            logging.getLogger(name).setLevel(level)
-
-
 def _shutdown(cluster: RayOnSpark) -> None:
     """Shut Ray on Spark down; once every node's launcher has exited, kill what is left of its processes (a worker
     node's agents outlive their raylet by 15 s or more); remove Ray's folder."""
@@ -330,7 +318,7 @@ def ray_cluster(
     check_shared_folder(spark, work_dir())  # Ray Train's rank 0 leaves its result there; Ray then holds the slots
     cluster = RayOnSpark("", workers, cpus_per_worker, _temp_root())
     # no info lines ("Ray worker nodes are starting", "Connecting to existing Ray cluster")
-    with _quiet_logs({"ray": logging.WARNING, "ray.util.spark": logging.WARNING}):
+    with logger_levels({"ray": logging.WARNING, "ray.util.spark": logging.WARNING}):
         try:
             with _driver_setup(_on_loopback(spark)):
                 cluster.address, _ = setup_ray_cluster(
@@ -347,5 +335,5 @@ def ray_cluster(
                     raise RayStartError(f"Ray on Spark started {started} of {workers} worker nodes; see the log above.")
                 yield cluster
         finally:
-            with _quiet_logs({_JOB_SERVER_LOGGER: logging.ERROR}):  # its warnings that the worker nodes' jobs exit
+            with logger_levels({_JOB_SERVER_LOGGER: logging.ERROR}):  # its warnings that the worker nodes' jobs exit
                 _shutdown(cluster)

@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from helpers import CourseInputError
+from helpers.logs import logger_levels
 from helpers.validation import check_flag, one_of, whole_number
 
 __all__ = [
@@ -280,15 +281,11 @@ def _parse_with_deepspeed(config: dict[str, Any], world_size: int) -> None:
     view = copy.deepcopy(config)
     if view.get("train_batch_size") is not None:
         view["train_batch_size"] //= world_size
-    deepspeed_logger = logging.getLogger("DeepSpeed")
-    level = deepspeed_logger.level
-    deepspeed_logger.setLevel(logging.ERROR)  # its warnings repeat what the error will say
     try:
-        DeepSpeedConfig(view)
+        with logger_levels({"DeepSpeed": logging.ERROR}):  # its warnings repeat what the error will say
+            DeepSpeedConfig(view)
     except Exception as error:  # AssertionError, ValueError, pydantic's ValidationError, DeepSpeedConfigError
         raise CourseInputError(f"DeepSpeed refuses the config: {_one_line(error)}") from None
-    finally:
-        deepspeed_logger.setLevel(level)
 
 
 def _one_line(error: Exception) -> str:

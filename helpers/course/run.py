@@ -45,6 +45,7 @@ from typing import Any
 
 from helpers import CourseInputError
 from helpers.course.build import SOLUTIONS_DIR, display_path, solution_notebooks
+from helpers.logs import logger_levels
 from helpers.processes import kill_tree
 
 __all__ = [
@@ -152,14 +153,11 @@ def declared_parameters(notebook: str | os.PathLike) -> dict[str, Declared]:
         body = ast.parse(_parameters_cell_source(path)).body
     except SyntaxError as error:
         raise CourseInputError(f"{display_path(path)}: the parameters cell is not valid Python ({error})") from None
-    quiet = logging.getLogger("papermill")
-    level, quiet.level = quiet.level, logging.ERROR  # its "Unable to parse line" warnings: handled here
     try:
-        helps = {name: info.get("help", "") for name, info in papermill.inspect_notebook(str(path)).items()}
+        with logger_levels({"papermill": logging.ERROR}):  # its "Unable to parse line" warnings: handled here
+            helps = {name: info.get("help", "") for name, info in papermill.inspect_notebook(str(path)).items()}
     except Exception:  # help texts are a nicety
         helps = {}
-    finally:
-        quiet.setLevel(level)
     declared = {}
     for statement in body:
         if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):

@@ -33,6 +33,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from helpers.logs import logger_levels
+
 __all__ = [
     "ERROR",
     "LOG_ENV",
@@ -271,17 +273,10 @@ def own_work(*helpers: Any) -> Iterator[None]:
 @contextmanager
 def quiet_lightning() -> Iterator[None]:
     """Silence Lightning's info lines ("GPU available", tips) and warnings while a check runs an answer's Trainer."""
-    loggers = [logging.getLogger(name) for name in ("pytorch_lightning", "lightning_fabric", "lightning")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
+    with logger_levels(dict.fromkeys(("pytorch_lightning", "lightning_fabric", "lightning"), logging.ERROR)):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
 
 
 def _is_unanswered(answer: Any) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 from unittest import mock
 
 from helpers.course.checks import CheckFailed, Delegated, close, own_work, register, require, whole_number
+from helpers.logs import logger_levels
 
 __all__ = [
     "TABLE_COLUMNS",
@@ -641,26 +642,23 @@ def resume_after_lost_worker(namespace) -> str:
         ("no checkpoint yet", 0, False, 0),
     ]
     root = _check_dir("4.6")
-    quiet = logging.getLogger("pytorch_lightning")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
     try:
-        for name, saved, torn, start in scenarios:
-            folder = root / name.replace(" ", "-")
-            folder.mkdir(parents=True)
-            if saved:
-                _interrupted_run(folder, saved, torn)
-            counter = _epoch_counter()
-            with own_work(*_resume_helpers()):
-                resume_training(_trainer(epochs + 2, [counter]), model_class(), data_class(), str(folder))
-            if counter.epochs != list(range(start, epochs + 2)):
-                raise CheckFailed(
-                    f"with {name} ({saved} epochs saved) training ran epochs {counter.epochs}, "
-                    f"expected {start} to {epochs + 1}: pass the newest readable checkpoint as "
-                    "trainer.fit(..., ckpt_path=...), None when there is none"
-                )
+        with logger_levels({"pytorch_lightning": logging.ERROR}):
+            for name, saved, torn, start in scenarios:
+                folder = root / name.replace(" ", "-")
+                folder.mkdir(parents=True)
+                if saved:
+                    _interrupted_run(folder, saved, torn)
+                counter = _epoch_counter()
+                with own_work(*_resume_helpers()):
+                    resume_training(_trainer(epochs + 2, [counter]), model_class(), data_class(), str(folder))
+                if counter.epochs != list(range(start, epochs + 2)):
+                    raise CheckFailed(
+                        f"with {name} ({saved} epochs saved) training ran epochs {counter.epochs}, "
+                        f"expected {start} to {epochs + 1}: pass the newest readable checkpoint as "
+                        "trainer.fit(..., ckpt_path=...), None when there is none"
+                    )
     finally:
-        quiet.setLevel(level)
         shutil.rmtree(root, ignore_errors=True)
     return f"resumed at epoch {epochs}, at {epochs - 1} past a torn file, and at 0 without checkpoints"
 
