@@ -132,7 +132,7 @@ def test_1_2_wrong(answer):
     assert verdict("1.2", answer) == "failed"
 
 
-# --- 1.3 validation_count --------------------------------------------------------------------------------------
+# --- 1.4 validation_count --------------------------------------------------------------------------------------
 
 
 def count_round(n, val_fraction):
@@ -175,20 +175,20 @@ def count_delegating(n, val_fraction):
 
 
 @pytest.mark.parametrize("answer", [count_round, count_numpy, count_half_up_float])
-def test_1_3_right(answer):
-    assert verdict("1.3", answer) == PASSED
+def test_1_4_right(answer):
+    assert verdict("1.4", answer) == PASSED
 
 
 @pytest.mark.parametrize("answer", [count_floor, count_unclamped, count_ceil, count_hard_coded, count_bool])
-def test_1_3_wrong(answer):
-    assert verdict("1.3", answer) == "failed"
+def test_1_4_wrong(answer):
+    assert verdict("1.4", answer) == "failed"
 
 
-def test_1_3_delegating():
-    assert delegated("1.3", count_delegating)
+def test_1_4_delegating():
+    assert delegated("1.4", count_delegating)
 
 
-# --- 1.4 repartition_for_devices -------------------------------------------------------------------------------
+# --- 1.5 repartition_for_devices -------------------------------------------------------------------------------
 
 
 def partitions_two_per_device(df, num_devices):
@@ -224,22 +224,22 @@ def partitions_delegating(df, num_devices):
 
 
 @pytest.mark.parametrize("answer", [partitions_two_per_device, partitions_by_random_key, partitions_by_range_of_path])
-def test_1_4_right(answer):
-    assert verdict("1.4", answer) == PASSED
+def test_1_5_right(answer):
+    assert verdict("1.5", answer) == PASSED
 
 
 @pytest.mark.parametrize(
     "answer", [partitions_constant, partitions_coalesce, partitions_one_per_device, partitions_by_label]
 )
-def test_1_4_wrong(answer):
-    assert verdict("1.4", answer) == "failed"
+def test_1_5_wrong(answer):
+    assert verdict("1.5", answer) == "failed"
 
 
-def test_1_4_delegating():
-    assert delegated("1.4", partitions_delegating)
+def test_1_5_delegating():
+    assert delegated("1.5", partitions_delegating)
 
 
-# --- 1.5 transform_spec ----------------------------------------------------------------------------------------
+# --- 1.7 transform_spec ----------------------------------------------------------------------------------------
 
 MEAN, STD = np.array(IMAGENET_MEAN, np.float32), np.array(IMAGENET_STD, np.float32)
 
@@ -342,8 +342,8 @@ def spec_hard_coded_size(image_size):
 
 
 @pytest.mark.parametrize("answer", [spec_selected_fields, spec_removed_fields])
-def test_1_5_right(answer):
-    assert verdict("1.5", answer) == PASSED
+def test_1_7_right(answer):
+    assert verdict("1.7", answer) == PASSED
 
 
 @pytest.mark.parametrize(
@@ -360,16 +360,16 @@ def test_1_5_right(answer):
     ],
     ids=["unnormalised", "bgr", "hwc", "float64", "int32-labels", "keeps-content", "no-rgb", "hard-coded-size"],
 )
-def test_1_5_wrong(answer):
-    assert verdict("1.5", answer) == "failed"
+def test_1_7_wrong(answer):
+    assert verdict("1.7", answer) == "failed"
 
 
 @pytest.mark.parametrize("answer", [spec_delegating, spec_with(loaders.decode_image)])
-def test_1_5_delegating(answer):
-    assert delegated("1.5", answer)
+def test_1_7_delegating(answer):
+    assert delegated("1.7", answer)
 
 
-# --- 1.6 shard_loader ------------------------------------------------------------------------------------------
+# --- 1.8 shard_loader ------------------------------------------------------------------------------------------
 
 
 def shard_torch_loader(converter, spec, shard, shard_count, batch_size):
@@ -418,22 +418,22 @@ def shard_delegating(converter, spec, shard, shard_count, batch_size):
 
 
 @pytest.mark.parametrize("answer", [shard_torch_loader, shard_batched_loader])
-def test_1_6_right(answer):
-    assert verdict("1.6", answer) == PASSED
+def test_1_8_right(answer):
+    assert verdict("1.8", answer) == PASSED
 
 
 @pytest.mark.parametrize(
     "answer", [shard_unsharded, shard_forever, shard_two_workers, shard_fixed_batch, shard_closed_loader]
 )
-def test_1_6_wrong(answer):
-    assert verdict("1.6", answer) == "failed"
+def test_1_8_wrong(answer):
+    assert verdict("1.8", answer) == "failed"
 
 
-def test_1_6_delegating():
-    assert delegated("1.6", shard_delegating)
+def test_1_8_delegating():
+    assert delegated("1.8", shard_delegating)
 
 
-# --- 1.7 restore_last_good -------------------------------------------------------------------------------------
+# --- 1.3 restore_last_good -------------------------------------------------------------------------------------
 
 
 def labels_at(table_path, version):
@@ -500,22 +500,22 @@ def restore_hard_coded(table_path, class_names):
 
 
 @pytest.mark.parametrize("answer", [restore_from_history, restore_by_overwrite])
-def test_1_7_right(answer):
-    assert verdict("1.7", answer) == PASSED
+def test_1_3_right(answer):
+    assert verdict("1.3", answer) == PASSED
 
 
 @pytest.mark.parametrize(
     "answer", [restore_previous, restore_oldest_good, restore_read_only, restore_by_append, restore_hard_coded]
 )
-def test_1_7_wrong(answer):
-    assert verdict("1.7", answer) == "failed"
+def test_1_3_wrong(answer):
+    assert verdict("1.3", answer) == "failed"
 
 
-def test_1_7_delegating():
-    assert delegated("1.7", restore_delegating)
+def test_1_3_delegating():
+    assert delegated("1.3", restore_delegating)
 
 
-# --- 1.8 to_converter ------------------------------------------------------------------------------------------
+# --- 1.6 to_converter ------------------------------------------------------------------------------------------
 
 
 def converter_select_repartition(df, num_devices):
@@ -548,19 +548,19 @@ def converter_delegating(df, num_devices):
 
 
 @pytest.mark.parametrize("answer", [converter_select_repartition, converter_other_order])
-def test_1_8_right(answer):
-    assert verdict("1.8", answer) == PASSED
+def test_1_6_right(answer):
+    assert verdict("1.6", answer) == PASSED
 
 
 @pytest.mark.parametrize(
     "answer", [converter_all_columns, converter_not_repartitioned, converter_constant_files, converter_dataframe]
 )
-def test_1_8_wrong(answer):
-    assert verdict("1.8", answer) == "failed"
+def test_1_6_wrong(answer):
+    assert verdict("1.6", answer) == "failed"
 
 
-def test_1_8_delegating():
-    assert delegated("1.8", converter_delegating)
+def test_1_6_delegating():
+    assert delegated("1.6", converter_delegating)
 
 
 # --- 1.9 FixedStepBatches (stretch) ----------------------------------------------------------------------------
@@ -712,5 +712,5 @@ def test_stub_class_is_not_attempted():
 
 
 def test_verdicts_are_the_same_when_run_again():
-    for exercise, answer in (("1.6", shard_torch_loader), ("1.7", restore_from_history), ("1.9", StepsFromOneReader)):
+    for exercise, answer in (("1.8", shard_torch_loader), ("1.3", restore_from_history), ("1.9", StepsFromOneReader)):
         assert [verdict(exercise, answer) for _ in range(2)] == [PASSED, PASSED]

@@ -244,7 +244,7 @@ def test_3_3_wrong(batched, answer):
     assert status == "failed", (status, message)
 
 
-# --- 3.4: hvd_result --------------------------------------------------------------------------------------------
+# --- 3.5: hvd_result --------------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -257,7 +257,7 @@ def tracked_run(session_work_dir):
     from helpers.tracking import tracking_uri
 
     client = MlflowClient(tracking_uri(None))
-    experiment = client.create_experiment(f"answers-3.4-{uuid.uuid4().hex[:6]}")
+    experiment = client.create_experiment(f"answers-3.5-{uuid.uuid4().hex[:6]}")
 
     def run(params: dict, start: int = 1_000_000, end: int = 1_050_000) -> str:
         created = client.create_run(experiment, start_time=start)
@@ -278,32 +278,32 @@ def hvd_namespace(run_id, processes=2, accuracies=(0.3, 0.6)):
 PARAMS = {"world_size": "2", "learning_rate": "0.01", "effective_learning_rate": "0.02", "class_count": "10"}
 
 
-def test_3_4_right(tracked_run):
-    assert verdict("3.4", hvd_namespace(tracked_run(PARAMS))) == "passed"
+def test_3_5_right(tracked_run):
+    assert verdict("3.5", hvd_namespace(tracked_run(PARAMS))) == "passed"
     four = {**PARAMS, "world_size": "4", "effective_learning_rate": "0.04"}
     # a low final accuracy is fine as long as the model learned something
-    assert verdict("3.4", hvd_namespace(tracked_run(four, 2_000_000, 2_050_000), 4, (0.15, 0.4))) == "passed"
+    assert verdict("3.5", hvd_namespace(tracked_run(four, 2_000_000, 2_050_000), 4, (0.15, 0.4))) == "passed"
 
 
-def test_3_4_runs_one_after_another_are_not_siblings(tracked_run):
+def test_3_5_runs_one_after_another_are_not_siblings(tracked_run):
     tracked_run(PARAMS, 3_000_000, 3_050_000)
-    assert verdict("3.4", hvd_namespace(tracked_run(PARAMS, 3_060_000, 3_100_000))) == "passed"
+    assert verdict("3.5", hvd_namespace(tracked_run(PARAMS, 3_060_000, 3_100_000))) == "passed"
 
 
-def test_3_4_wrong(tracked_run):
-    assert_fails("3.4", hvd_namespace(tracked_run({**PARAMS, "world_size": "1"}, 4_000_000, 4_050_000)))
-    assert_fails("3.4", hvd_namespace(tracked_run({**PARAMS, "effective_learning_rate": "0.04"}, 5_000_000)))
+def test_3_5_wrong(tracked_run):
+    assert_fails("3.5", hvd_namespace(tracked_run({**PARAMS, "world_size": "1"}, 4_000_000, 4_050_000)))
+    assert_fails("3.5", hvd_namespace(tracked_run({**PARAMS, "effective_learning_rate": "0.04"}, 5_000_000)))
     tracked_run(PARAMS, 6_000_000, 6_050_000)  # a second rank logging at the same time
-    assert_fails("3.4", hvd_namespace(tracked_run(PARAMS, 6_000_100, 6_050_000)))
-    assert_fails("3.4", hvd_namespace(tracked_run(PARAMS, 7_000_000), accuracies=(0.1, 0.1)))
-    assert_fails("3.4", hvd_namespace(None))
+    assert_fails("3.5", hvd_namespace(tracked_run(PARAMS, 6_000_100, 6_050_000)))
+    assert_fails("3.5", hvd_namespace(tracked_run(PARAMS, 7_000_000), accuracies=(0.1, 0.1)))
+    assert_fails("3.5", hvd_namespace(None))
 
 
-def test_3_4_unanswered_is_not_attempted():
-    assert _run("3.4", {"hvd_result": None})[0] == "not attempted"
+def test_3_5_unanswered_is_not_attempted():
+    assert _run("3.5", {"hvd_result": None})[0] == "not attempted"
 
 
-# --- 3.5: pin_device and train_by_hand --------------------------------------------------------------------------
+# --- 3.4: pin_device and train_by_hand --------------------------------------------------------------------------
 
 
 def pin_device(use_gpu):
@@ -432,8 +432,8 @@ RIGHT_35 = {"recipe": namespace_35(by_hand()), "other-way": namespace_35(by_hand
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(RIGHT_35))
-def test_3_5_right(batched, case):
-    status, message = batched("3.5", case)
+def test_3_4_right(batched, case):
+    status, message = batched("3.4", case)
     assert status == "passed", message
 
 
@@ -451,20 +451,20 @@ WRONG_35 = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(WRONG_35))
-def test_3_5_wrong_names_the_step(batched, case):
-    status, message = batched("3.5", case)
+def test_3_4_wrong_names_the_step(batched, case):
+    status, message = batched("3.4", case)
     step = WRONG_35[case][1]
     assert status == "failed" and step in message, (status, message)
 
 
-def test_3_5_stubs_are_not_attempted():
+def test_3_4_stubs_are_not_attempted():
     def pin_device(use_gpu): ...
 
     def train_by_hand(
         network, dataset, base_lr, epochs, batch_size, checkpoint_path, experiment, tracking_uri, use_gpu=False
     ): ...
 
-    assert _run("3.5", {"pin_device": pin_device, "train_by_hand": train_by_hand})[0] == "not attempted"
+    assert _run("3.4", {"pin_device": pin_device, "train_by_hand": train_by_hand})[0] == "not attempted"
 
 
 # --- 3.6 (stretch): global_accuracy -----------------------------------------------------------------------------
@@ -535,7 +535,7 @@ def _by_names(answers) -> dict:
 BATCHES = {
     "3.1": _by_names([RIGHT_31[0], *WRONG_31[:2], RIGHT_31[1], *WRONG_31[2:]]),
     "3.3": _by_names([RIGHT_33[0], *WRONG_33[:2], RIGHT_33[1], *WRONG_33[2:]]),
-    "3.5": {
+    "3.4": {
         "recipe": RIGHT_35["recipe"],
         **{case: WRONG_35[case][0] for case in list(WRONG_35)[:4]},
         "other-way": RIGHT_35["other-way"],

@@ -2,7 +2,7 @@
 
 Every answer goes through its real check (``helpers.course.checks._run``) with a namespace built from fixtures: the
 shared local[2] session stands in for the cluster (Horovod and TorchDistributor run as Spark tasks there too), with a
-small Petastorm data set for the one real TorchDistributor job of 4.5.
+small Petastorm data set for the one real TorchDistributor job of 4.3.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def verdict(exercise: str, answer) -> str:
     return status
 
 
-# ------------------------------------------------------------------------------------------------ 4.2 HorovodRunner
+# ------------------------------------------------------------------------------------------------ 4.1 HorovodRunner
 
 
 def launch_positive(fn, num_workers, **kwargs):
@@ -83,11 +83,11 @@ def launch_no_return(fn, num_workers, **kwargs):
         (launch_no_return, "failed"),
     ],
 )
-def test_4_2_horovod_on_the_workers(spark, answer, expected):
-    assert verdict("4.2", {"launch_on_workers": answer, "WORKERS": 2, "spark": spark}) == expected
+def test_4_1_horovod_on_the_workers(spark, answer, expected):
+    assert verdict("4.1", {"launch_on_workers": answer, "WORKERS": 2, "spark": spark}) == expected
 
 
-# ----------------------------------------------------------------------------------------- 4.3 TorchDistributor setup
+# ----------------------------------------------------------------------------------------- 4.2 TorchDistributor setup
 
 
 def distributor_plain(num_processes, use_gpu):
@@ -155,9 +155,9 @@ def layout_swapped(num_processes, local_mode):
         (distributor_plain, layout_swapped, "failed"),
     ],
 )
-def test_4_3_distributor_and_layout(spark, make, layout, expected):
+def test_4_2_distributor_and_layout(spark, make, layout, expected):
     namespace = {"make_torch_distributor": make, "trainer_layout": layout, "WORKERS": 2, "USE_GPU": False}
-    assert verdict("4.3", namespace) == expected
+    assert verdict("4.2", namespace) == expected
 
 
 # ----------------------------------------------------------------------------------------- 4.4 MLflow launcher table
@@ -236,7 +236,7 @@ def test_4_4_launcher_table(mlflow_uri, name, expected):
     assert verdict("4.4", {"launcher_table": answer, "MLFLOW_TRACKING_URI": mlflow_uri}) == expected
 
 
-# ------------------------------------------------------------------------------------ 4.5 the TorchDistributor function
+# ------------------------------------------------------------------------------------ 4.3 the TorchDistributor function
 
 
 def ddp_train_env_layout(train_converter, val_converter, class_count, settings, local_mode):
@@ -428,12 +428,12 @@ def ddp_namespace(spark, small_data):
         (ddp_train_same_shard, "failed"),
     ],
 )
-def test_4_5_training_function(ddp_namespace, answer, expected):
-    assert verdict("4.5", {**ddp_namespace, "ddp_train": answer}) == expected
+def test_4_3_training_function(ddp_namespace, answer, expected):
+    assert verdict("4.3", {**ddp_namespace, "ddp_train": answer}) == expected
 
 
 @pytest.mark.slow
-def test_4_5_rank_zero_must_return(ddp_namespace, monkeypatch):
+def test_4_3_rank_zero_must_return(ddp_namespace, monkeypatch):
     """The real job's reports: a function that returns nothing on rank 0 fails (checked without a job)."""
     from helpers.course.checks import lesson4
 
@@ -455,10 +455,10 @@ def test_4_5_rank_zero_must_return(ddp_namespace, monkeypatch):
         for rank in range(2)
     }
     monkeypatch.setattr(lesson4, "_on_workers", lambda *args: lesson4._judge_reports(reports, 2, False))
-    assert verdict("4.5", {**ddp_namespace, "ddp_train": ddp_train_env_layout}) == "failed"
+    assert verdict("4.3", {**ddp_namespace, "ddp_train": ddp_train_env_layout}) == "failed"
 
 
-# ------------------------------------------------------------------------------------- 4.6 resume after a lost worker
+# ------------------------------------------------------------------------------------- 4.5 resume after a lost worker
 
 
 def resume_by_epoch_in_file(trainer, model, datamodule, checkpoint_dir):
@@ -533,11 +533,11 @@ def resume_delegated(trainer, model, datamodule, checkpoint_dir):
         (resume_delegated, "failed"),
     ],
 )
-def test_4_6_resume(answer, expected):
-    assert verdict("4.6", {"resume_training": answer}) == expected
+def test_4_5_resume(answer, expected):
+    assert verdict("4.5", {"resume_training": answer}) == expected
 
 
-# ---------------------------------------------------------------------------------------- 4.7 (stretch) task slots
+# ---------------------------------------------------------------------------------------- 4.6 (stretch) task slots
 
 
 def slots_plain(executors, cores, task_cpus, gpus, task_gpus):
@@ -582,20 +582,20 @@ def slots_rounded_total(executors, cores, task_cpus, gpus, task_gpus):
         (slots_rounded_total, "failed"),
     ],
 )
-def test_4_7_task_slots(answer, expected):
-    assert verdict("4.7", {"max_processes": answer}) == expected
+def test_4_6_task_slots(answer, expected):
+    assert verdict("4.6", {"max_processes": answer}) == expected
 
 
 def test_unanswered_exercises_are_not_attempted():
     def stub(*args): ...
 
     for exercise, names in {
-        "4.2": ["launch_on_workers"],
-        "4.3": ["make_torch_distributor", "trainer_layout"],
+        "4.1": ["launch_on_workers"],
+        "4.2": ["make_torch_distributor", "trainer_layout"],
         "4.4": ["launcher_table"],
-        "4.5": ["ddp_train"],
-        "4.6": ["resume_training"],
-        "4.7": ["max_processes"],
+        "4.3": ["ddp_train"],
+        "4.5": ["resume_training"],
+        "4.6": ["max_processes"],
     }.items():
         status, _ = _run(exercise, {name: stub for name in names})
         assert status == "not attempted", exercise

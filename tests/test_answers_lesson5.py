@@ -133,7 +133,7 @@ def test_the_fixture_holds_the_sweep_with_a_boundary_run(namespace):
     assert acceptable_reasons(boundary, 0.01, 1, None, 5) == {"patience", "max_epochs"}
 
 
-# --- 5.1 query the runs -----------------------------------------------------------------------------------------
+# --- 5.2 query the runs -----------------------------------------------------------------------------------------
 
 
 def q_solution(experiment, sweep):
@@ -178,22 +178,22 @@ def q_ids_only(experiment, sweep):
 
 
 @pytest.mark.parametrize("answer", [q_solution, q_status_in_pandas])
-def test_5_1_right(namespace, answer):
-    assert verdict(namespace, "5.1", "query_runs", answer)[0] == "passed"
-    assert verdict(namespace, "5.1", "query_runs", answer)[0] == "passed"  # re-run: the decoys are gone again
+def test_5_2_right(namespace, answer):
+    assert verdict(namespace, "5.2", "query_runs", answer)[0] == "passed"
+    assert verdict(namespace, "5.2", "query_runs", answer)[0] == "passed"  # re-run: the decoys are gone again
 
 
 @pytest.mark.parametrize("answer", [q_runs_table, q_no_status, q_no_sweep, q_global_sweep, q_ids_only])
-def test_5_1_wrong(namespace, answer):
-    status, message = verdict(namespace, "5.1", "query_runs", answer)
+def test_5_2_wrong(namespace, answer):
+    status, message = verdict(namespace, "5.2", "query_runs", answer)
     assert status == "failed", message
 
 
-def test_5_1_delegating_is_told_to_write_it(namespace):
-    assert "write it yourself" in verdict(namespace, "5.1", "query_runs", q_runs_table)[1]
+def test_5_2_delegating_is_told_to_write_it(namespace):
+    assert "write it yourself" in verdict(namespace, "5.2", "query_runs", q_runs_table)[1]
 
 
-# --- 5.2 speedup and efficiency ---------------------------------------------------------------------------------
+# --- 5.3 speedup and efficiency ---------------------------------------------------------------------------------
 
 
 def s_solution(table):
@@ -247,27 +247,27 @@ def s_linear(table):
 
 
 @pytest.mark.parametrize("answer", [s_solution, s_numpy, s_rows])
-def test_5_2_right(namespace, answer):
-    status, message = verdict(namespace, "5.2", "speedup_efficiency", answer)
+def test_5_3_right(namespace, answer):
+    status, message = verdict(namespace, "5.3", "speedup_efficiency", answer)
     assert status == "passed", message
     assert "lesson's 2 runs" in message
 
 
 @pytest.mark.parametrize("answer", [s_solution, s_numpy])
-def test_5_2_same_verdict_after_the_run_cell_ran_twice(namespace, answer):
+def test_5_3_same_verdict_after_the_run_cell_ran_twice(namespace, answer):
     table = namespace["table"]
     again = table[table["devices"] == 1].assign(run_id="run-again", wall_time_s=131.0)
-    status, message = verdict({**namespace, "table": pd.concat([table, again])}, "5.2", "speedup_efficiency", answer)
+    status, message = verdict({**namespace, "table": pd.concat([table, again])}, "5.3", "speedup_efficiency", answer)
     assert status == "passed", message
 
 
 @pytest.mark.parametrize("answer", [s_delegates, s_first_row, s_efficiency_times, s_inverted, s_linear])
-def test_5_2_wrong(namespace, answer):
-    status, message = verdict(namespace, "5.2", "speedup_efficiency", answer)
+def test_5_3_wrong(namespace, answer):
+    status, message = verdict(namespace, "5.3", "speedup_efficiency", answer)
     assert status == "failed", message
 
 
-# --- 5.3 why a run stopped --------------------------------------------------------------------------------------
+# --- 5.4 why a run stopped --------------------------------------------------------------------------------------
 
 
 def w_solution(val_losses, min_delta, patience, stopping_threshold, max_epochs):
@@ -363,8 +363,8 @@ def w_by_length(val_losses, min_delta, patience, stopping_threshold, max_epochs)
 
 
 @pytest.mark.parametrize("answer", [w_solution, w_other_way_round, w_numpy])
-def test_5_3_right(namespace, answer):
-    status, message = verdict(namespace, "5.3", "why_stopped", answer)
+def test_5_4_right(namespace, answer):
+    status, message = verdict(namespace, "5.4", "why_stopped", answer)
     assert status == "passed", message
     assert "lesson's 3 runs" in message
 
@@ -372,12 +372,12 @@ def test_5_3_right(namespace, answer):
 @pytest.mark.parametrize(
     "answer", [w_delegates, w_threshold_last, w_no_reset, w_best_always, w_off_by_one, w_by_length]
 )
-def test_5_3_wrong(namespace, answer):
-    status, message = verdict(namespace, "5.3", "why_stopped", answer)
+def test_5_4_wrong(namespace, answer):
+    status, message = verdict(namespace, "5.4", "why_stopped", answer)
     assert status == "failed", message
 
 
-def test_5_3_cases_are_off_the_boundaries_and_cover_every_reason():
+def test_5_4_cases_are_off_the_boundaries_and_cover_every_reason():
     cases = [(losses, d, p, t, m, r) for losses, d, p, t, m, r, _ in _STOP_CASES] + stop_cases()
     for losses, delta, patience, threshold, max_epochs, reason in cases:
         assert acceptable_reasons(losses, delta, patience, threshold, max_epochs) == {reason}
@@ -385,7 +385,7 @@ def test_5_3_cases_are_off_the_boundaries_and_cover_every_reason():
     assert stop_cases() == stop_cases()  # the same cases, so the same verdict, on every run
 
 
-# --- 5.4 rows per epoch -----------------------------------------------------------------------------------------
+# --- 5.6 rows per epoch -----------------------------------------------------------------------------------------
 
 
 def r_solution(rows, batch_size, devices, epoch_mode):
@@ -442,18 +442,18 @@ def r_hard_coded(rows, batch_size, devices, epoch_mode):
 
 
 @pytest.mark.parametrize("answer", [r_solution, r_integer_ceil, r_float])
-def test_5_4_right(namespace, answer):
-    status, message = verdict(namespace, "5.4", "rows_per_epoch", answer)
+def test_5_6_right(namespace, answer):
+    status, message = verdict(namespace, "5.6", "rows_per_epoch", answer)
     assert status == "passed", message
 
 
 @pytest.mark.parametrize("answer", [r_delegates, r_fixed_once, r_rows, r_floor, r_hard_coded])
-def test_5_4_wrong(namespace, answer):
-    status, message = verdict(namespace, "5.4", "rows_per_epoch", answer)
+def test_5_6_wrong(namespace, answer):
+    status, message = verdict(namespace, "5.6", "rows_per_epoch", answer)
     assert status == "failed", message
 
 
-# --- 5.5 the sweep plan -----------------------------------------------------------------------------------------
+# --- 5.1 the sweep plan -----------------------------------------------------------------------------------------
 
 
 def p_solution(max_devices, base_settings):
@@ -571,8 +571,8 @@ def p_seed_per_run(max_devices, base_settings):
 
 
 @pytest.mark.parametrize("answer", [p_solution, p_numpy_tuple, p_largest_first])
-def test_5_5_right(namespace, answer):
-    status, message = verdict(namespace, "5.5", "sweep_plan", answer)
+def test_5_1_right(namespace, answer):
+    status, message = verdict(namespace, "5.1", "sweep_plan", answer)
     assert status == "passed", message
     assert "devices [1, 2]" in message
 
@@ -592,8 +592,8 @@ def test_5_5_right(namespace, answer):
         p_seed_per_run,
     ],
 )
-def test_5_5_wrong(namespace, answer):
-    status, message = verdict(namespace, "5.5", "sweep_plan", answer)
+def test_5_1_wrong(namespace, answer):
+    status, message = verdict(namespace, "5.1", "sweep_plan", answer)
     assert status == "failed", message
 
 
@@ -604,7 +604,7 @@ def _lesson_parameters(path):
 
 
 @pytest.mark.parametrize("params", sorted((REPO_ROOT / "params").glob("*.yaml")), ids=lambda path: path.stem)
-def test_5_5_same_verdict_with_every_params_file(namespace, params):
+def test_5_1_same_verdict_with_every_params_file(namespace, params):
     values = {
         "BATCH_SIZE": 32,
         "LEARNING_RATE": 0.01,
@@ -626,11 +626,11 @@ def test_5_5_same_verdict_with_every_params_file(namespace, params):
         stopping_threshold=values["STOPPING_THRESHOLD"],
     )
     lesson = {**namespace, "DEVICE_COUNTS": values["DEVICE_COUNTS"], "base_settings": settings}
-    assert verdict(lesson, "5.5", "sweep_plan", p_solution)[0] == "passed"
-    assert verdict(lesson, "5.5", "sweep_plan", p_hard_coded)[0] == "failed"
+    assert verdict(lesson, "5.1", "sweep_plan", p_solution)[0] == "passed"
+    assert verdict(lesson, "5.1", "sweep_plan", p_hard_coded)[0] == "failed"
 
 
-def test_5_5_cases_exercise_every_rule():
+def test_5_1_cases_exercise_every_rule():
     plans = [plan_sweep(m, base) for m, base in plan_cases()]
     counts = [[run["devices"] for run in plan] for plan in plans]
     assert any(m & (m - 1) and m in c for (m, _), c in zip(plan_cases(), counts))  # a non-power max kept
@@ -638,7 +638,7 @@ def test_5_5_cases_exercise_every_rule():
     assert any(len(c) >= 4 for c in counts)
 
 
-# --- 5.6 (stretch) the serial fraction --------------------------------------------------------------------------
+# --- 5.5 (stretch) the serial fraction --------------------------------------------------------------------------
 
 
 def f_solution(speedup, devices):
@@ -671,15 +671,15 @@ def f_constant(speedup, devices):
 
 
 @pytest.mark.parametrize("answer", [f_solution, f_times_n, f_numpy])
-def test_5_6_right(namespace, answer):
-    status, message = verdict(namespace, "5.6", "serial_fraction", answer)
+def test_5_5_right(namespace, answer):
+    status, message = verdict(namespace, "5.5", "serial_fraction", answer)
     assert status == "passed", message
     assert "2 devices" in message
 
 
 @pytest.mark.parametrize("answer", [f_no_division, f_efficiency, f_sign, f_constant])
-def test_5_6_wrong(namespace, answer):
-    status, message = verdict(namespace, "5.6", "serial_fraction", answer)
+def test_5_5_wrong(namespace, answer):
+    status, message = verdict(namespace, "5.5", "serial_fraction", answer)
     assert status == "failed", message
 
 
@@ -694,12 +694,12 @@ def _stub(*args):
 @pytest.mark.parametrize(
     ("exercise_id", "name"),
     [
-        ("5.1", "query_runs"),
-        ("5.2", "speedup_efficiency"),
-        ("5.3", "why_stopped"),
-        ("5.4", "rows_per_epoch"),
-        ("5.5", "sweep_plan"),
-        ("5.6", "serial_fraction"),
+        ("5.2", "query_runs"),
+        ("5.3", "speedup_efficiency"),
+        ("5.4", "why_stopped"),
+        ("5.6", "rows_per_epoch"),
+        ("5.1", "sweep_plan"),
+        ("5.5", "serial_fraction"),
     ],
 )
 def test_unanswered_is_not_attempted(namespace, exercise_id, name):
@@ -710,11 +710,11 @@ def test_unanswered_is_not_attempted(namespace, exercise_id, name):
 @pytest.mark.parametrize(
     ("exercise_id", "name", "answer"),
     [
-        ("5.2", "speedup_efficiency", s_solution),
-        ("5.3", "why_stopped", w_solution),
-        ("5.4", "rows_per_epoch", r_solution),
-        ("5.5", "sweep_plan", p_solution),
-        ("5.6", "serial_fraction", f_solution),
+        ("5.3", "speedup_efficiency", s_solution),
+        ("5.4", "why_stopped", w_solution),
+        ("5.6", "rows_per_epoch", r_solution),
+        ("5.1", "sweep_plan", p_solution),
+        ("5.5", "serial_fraction", f_solution),
     ],
 )
 def test_checks_work_without_the_lessons_runs(exercise_id, name, answer):
@@ -727,21 +727,21 @@ def test_returning_nothing_is_not_attempted(namespace):
         print("working on it")
 
     for exercise_id, name in [
-        ("5.2", "speedup_efficiency"),
-        ("5.3", "why_stopped"),
-        ("5.4", "rows_per_epoch"),
-        ("5.5", "sweep_plan"),
+        ("5.3", "speedup_efficiency"),
+        ("5.4", "why_stopped"),
+        ("5.6", "rows_per_epoch"),
+        ("5.1", "sweep_plan"),
     ]:
         assert verdict(namespace, exercise_id, name, empty)[0] == "not attempted"
 
 
-def test_5_6_reports_each_device_count_s_median_and_says_a_slowdown_is_outside_amdahl(namespace):
+def test_5_5_reports_each_device_count_s_median_and_says_a_slowdown_is_outside_amdahl(namespace):
     right = pd.DataFrame({"devices": [1, 1, 2, 2, 4], "speedup": [1.0, 1.0, 0.5, 0.7, 2.0]})
-    status, message = verdict({**namespace, "right": right}, "5.6", "serial_fraction", f_solution)
+    status, message = verdict({**namespace, "right": right}, "5.5", "serial_fraction", f_solution)
     assert status == "passed", message
     assert "2 devices 2.33, 4 devices 0.33" in message  # 2 devices: median speedup 0.6
     assert "above 1: those runs were slower than one device" in message
     status, message = verdict(
-        {**namespace, "right": right[right["devices"] != 2]}, "5.6", "serial_fraction", f_solution
+        {**namespace, "right": right[right["devices"] != 2]}, "5.5", "serial_fraction", f_solution
     )
     assert "4 devices 0.33" in message and "above 1" not in message

@@ -12,6 +12,7 @@ import pytest
 
 from helpers import CourseInputError
 from helpers.course.build import (
+    SOLUTIONS_DIR,
     bound_names,
     build_lesson,
     check_ids,
@@ -96,10 +97,10 @@ def test_lesson_from_the_fixture():
     by_id = {cell.id: cell for cell in lesson.cells}
     kept = [c.id for c in solution.cells if "solution-only" not in c.metadata.get("tags", [])]
     assert [cell.id for cell in lesson.cells] == kept
-    assert "ex1-solution-note" not in by_id
-    assert by_id["ex1"].source == "# YOUR CODE HERE\ntotal = ..."
-    assert by_id["ex2"].source.endswith('"""Return x squared."""\n    # YOUR CODE HERE\n    ...')
-    assert by_id["ex3"].source == "# YOUR CODE HERE\nevens = ...\nodds = ..."
+    assert "ex991-solution-note" not in by_id
+    assert by_id["ex991"].source == "# YOUR CODE HERE\ntotal = ..."
+    assert by_id["ex992"].source.endswith('"""Return x squared."""\n    # YOUR CODE HERE\n    ...')
+    assert by_id["ex993"].source == "# YOUR CODE HERE\nevens = ...\nodds = ..."
     assert all(c.outputs == [] and c.execution_count is None for c in lesson.cells if c.cell_type == "code")
     assert lesson.metadata["kernelspec"] == solution.metadata["kernelspec"]
     assert lesson.metadata["course"] == {"title": "Course fixture", "lesson": NAME}
@@ -111,9 +112,9 @@ def test_fixture_structure_and_conventions():
     solution = read_notebook(FIXTURE)
     layout = structure(solution)
     assert [(e.cell_id, e.check_ids) for e in layout.exercises] == [
-        ("ex1", ("99.1",)),
-        ("ex2", ("99.2",)),
-        ("ex3", ("99.3",)),
+        ("ex991", ("99.1",)),
+        ("ex992", ("99.2",)),
+        ("ex993", ("99.3",)),
     ]
     assert layout.exercise_ids == ["99.1", "99.2", "99.3"]
     assert problems(solution, NAME) == []
@@ -121,14 +122,43 @@ def test_fixture_structure_and_conventions():
 
 def test_problems_name_each_broken_convention():
     solution = read_notebook(FIXTURE)
-    solution.cells = [c for c in solution.cells if c.id not in ("ex2-check", "parameters")]
+    solution.cells = [c for c in solution.cells if c.id not in ("check992", "parameters")]
     solution.cells.append(nbformat.v4.new_code_cell('check("5.1", x)'))
     del solution.cells[0]["id"]
     found = "\n".join(problems(solution, NAME))
     assert "cells without ids" in found
-    assert "exercise cell ex2 is not followed by a check cell" in found
+    assert "exercise cell ex992 is not followed by a check cell" in found
     assert "exactly one code cell tagged 'parameters'" in found
     assert "5.1 does not start with the lesson number 99" in found
+
+
+def test_problems_name_exercises_out_of_reading_order_and_ids_that_do_not_say_what_they_hold():
+    solution = read_notebook(FIXTURE)
+    by_id = {cell.id: cell for cell in solution.cells}
+    by_id["check992"].source, by_id["check993"].source = 'check("99.3", globals());', 'check("99.2", globals());'
+    by_id["ex991-md"].id, by_id["setup"].id = "sum-md", "9bf2c3ad"
+    by_id["ex993-md"].source = "**Exercise 99.4**: the shards."
+    found = problems(solution, NAME)
+    assert "exercise cell ex992 checks 99.3: in reading order it is exercise 99.2, renumber it" in found
+    assert "exercise cell ex993 checks 99.2: in reading order it is exercise 99.3, renumber it" in found
+    assert "the cell of exercise 99.1 with id sum-md should be ex991-md" in found
+    assert "cell 9bf2c3ad has an id Jupyter generated: name what it holds" in found
+    solution = read_notebook(FIXTURE)
+    next(c for c in solution.cells if c.id == "ex993-md").source = "**Exercise 99.4**: the shards."
+    next(c for c in solution.cells if c.id == "check991").id = "ex1-check"
+    found = problems(solution, NAME)
+    assert found == [
+        "the cell of exercise 99.1 with id ex1-check should be check991",
+        "the markdown before exercise cell ex993 does not say 'Exercise 99.3'",
+    ]
+
+
+def test_every_lesson_numbers_its_exercises_in_reading_order():
+    for path in sorted(SOLUTIONS_DIR.glob("[0-9][0-9]_*.ipynb")):
+        layout = structure(read_notebook(path))
+        number = int(path.name[:2])
+        assert layout.exercise_ids == [f"{number}.{k}" for k in range(1, len(layout.exercises) + 1)], path.name
+        assert problems(read_notebook(path), path.stem) == [], path.name
 
 
 def test_build_then_check_passes(course, capsys):
@@ -156,7 +186,7 @@ def test_a_lesson_with_solution_text_fails_the_check(course, capsys):
     solutions, lessons = course
     main(["build", "--solutions", str(solutions), "--lessons", str(lessons)])
     lesson = read_notebook(lessons / FIXTURE.name)
-    next(c for c in lesson.cells if c.id == "ex1").source = "total = sum(range(1, N + 1))"
+    next(c for c in lesson.cells if c.id == "ex991").source = "total = sum(range(1, N + 1))"
     nbformat.write(lesson, lessons / FIXTURE.name)
     assert main(["build", "--check", "--solutions", str(solutions), "--lessons", str(lessons)]) == 1
     assert "contains solution code" in capsys.readouterr().err

@@ -33,9 +33,9 @@ from helpers.workdir import REPO_ROOT
 FIXTURE = REPO_ROOT / "tests" / "fixtures" / "solutions" / "99_course_fixture.ipynb"
 NAME = FIXTURE.stem
 RIGHT = {
-    "ex1": "total = sum(range(1, N + 1))",
-    "ex2": "def square(x):\n    return x ** 2",
-    "ex3": "evens = list(range(0, N, 2))\nodds = list(range(1, N, 2))",
+    "ex991": "total = sum(range(1, N + 1))",
+    "ex992": "def square(x):\n    return x ** 2",
+    "ex993": "evens = list(range(0, N, 2))\nodds = list(range(1, N, 2))",
 }
 RIGHT_IDS = ("99.1", "99.2", "99.3")
 FAKE_RECORD = (
@@ -82,35 +82,37 @@ def submissions_folder(root: Path) -> dict[str, dict[str, str]]:
     write("alice__99_course_fixture.ipynb", answered(RIGHT))
     expected["alice__99_course_fixture.ipynb"] = dict.fromkeys(["99.1", "99.2", "99.3"], "passed")
 
-    partly = answered({"ex1": RIGHT["ex1"], "ex2": "def square(x):\n    return 2 * x"})
+    partly = answered({"ex991": RIGHT["ex991"], "ex992": "def square(x):\n    return 2 * x"})
     write("bob/99_course_fixture.ipynb", partly)
     expected["bob/99_course_fixture.ipynb"] = {"99.1": "passed", "99.2": "failed", "99.3": "not attempted"}
 
     (root / "carol__99_course_fixture.ipynb").write_text('{"cells": [{"cell_type": "code", "sou')
     expected["carol__99_course_fixture.ipynb"] = dict.fromkeys(["99.1", "99.2", "99.3"], "error")
 
-    write("dave__99_course_fixture.ipynb", answered({**RIGHT, "ex1": "import time\nwhile True:\n    time.sleep(0.1)"}))
+    write(
+        "dave__99_course_fixture.ipynb", answered({**RIGHT, "ex991": "import time\nwhile True:\n    time.sleep(0.1)"})
+    )
     expected["dave__99_course_fixture.ipynb"] = dict.fromkeys(["99.1", "99.2", "99.3"], "error")
 
-    write("erin__99_course_fixture.ipynb", answered({**RIGHT, "ex1": "total = 1 / 0"}))
+    write("erin__99_course_fixture.ipynb", answered({**RIGHT, "ex991": "total = 1 / 0"}))
     expected["erin__99_course_fixture.ipynb"] = {"99.1": "error", "99.2": "passed", "99.3": "passed"}
 
-    deleted = without(answered(RIGHT), "ex2-check", "setup", "parameters")
+    deleted = without(answered(RIGHT), "check992", "setup", "parameters")
     write("frank__99_course_fixture.ipynb", deleted)
     expected["frank__99_course_fixture.ipynb"] = dict.fromkeys(["99.1", "99.2", "99.3"], "passed")
 
-    cheat = answered({"ex1": "total = 0", "ex1-check": "check = lambda *args: True\ncheck('99.1', total)"})
-    cheat.cells.insert(cell_index(cheat, "ex2") + 1, nbformat.v4.new_code_cell(FAKE_RECORD))
-    cheat.cells[cell_index(cheat, "ex3")].source = FAKE_RECORD.replace("99.2", "99.3")
+    cheat = answered({"ex991": "total = 0", "check991": "check = lambda *args: True\ncheck('99.1', total)"})
+    cheat.cells.insert(cell_index(cheat, "ex992") + 1, nbformat.v4.new_code_cell(FAKE_RECORD))
+    cheat.cells[cell_index(cheat, "ex993")].source = FAKE_RECORD.replace("99.2", "99.3")
     write("grace__99_course_fixture.ipynb", cheat)
     expected["grace__99_course_fixture.ipynb"] = {"99.1": "failed", "99.2": "not attempted", "99.3": "not attempted"}
 
     twice = answered(RIGHT)
-    twice.cells.insert(cell_index(twice, "ex2"), copy.deepcopy(twice.cells[cell_index(twice, "ex2")]))
+    twice.cells.insert(cell_index(twice, "ex992"), copy.deepcopy(twice.cells[cell_index(twice, "ex992")]))
     (root / "heidi__99_course_fixture.ipynb").write_text(json.dumps(twice))  # nbformat.write would renumber the copy
     expected["heidi__99_course_fixture.ipynb"] = {"99.1": "passed", "99.2": "error", "99.3": "passed"}
 
-    write("kim__99_course_fixture.ipynb", answered({**RIGHT, "ex2": "import os\nos._exit(1)"}))
+    write("kim__99_course_fixture.ipynb", answered({**RIGHT, "ex992": "import os\nos._exit(1)"}))
     expected["kim__99_course_fixture.ipynb"] = {"99.1": "passed", "99.2": "error", "99.3": "error"}
 
     renamed = answered(RIGHT)
@@ -163,18 +165,18 @@ def test_a_class_grades_to_the_right_statuses(tmp_path):
 
 def test_assemble_takes_only_exercise_and_added_cells_from_the_student():
     graded_lesson = load_lesson(FIXTURE)
-    submission = answered({**RIGHT, "ex1-check": "print('edited')", "intro": "# edited"})
-    submission.cells.insert(cell_index(submission, "ex1") + 1, nbformat.v4.new_code_cell("helper = 1"))
+    submission = answered({**RIGHT, "check991": "print('edited')", "intro": "# edited"})
+    submission.cells.insert(cell_index(submission, "ex991") + 1, nbformat.v4.new_code_cell("helper = 1"))
     submission.cells[-1].metadata["tags"] = ["parameters"]
-    graded, duplicated = assemble(graded_lesson, without(submission, "ex2-check"))
+    graded, duplicated = assemble(graded_lesson, without(submission, "check992"))
     by_id = {cell.id: cell for cell in graded.cells}
     ids = [cell.id for cell in graded.cells]
     assert duplicated == set()
-    assert by_id["ex1"].source == RIGHT["ex1"]
-    assert by_id["ex1-check"].source == f'{CHECK_IMPORT}\ncheck("99.1", total);'
+    assert by_id["ex991"].source == RIGHT["ex991"]
+    assert by_id["check991"].source == f'{CHECK_IMPORT}\ncheck("99.1", total);'
     assert by_id["intro"].source.startswith("# 99 · Course fixture")
-    assert "ex2-check" in ids
-    added = ids[ids.index("ex1") + 1]
+    assert "check992" in ids
+    added = ids[ids.index("ex991") + 1]
     assert added.startswith("student-added-") and by_id[added].source == "helper = 1"
     assert by_id[ids[-1]].metadata.get("tags") == [RAISES_TAG]
     assert all(RAISES_TAG in cell.metadata["tags"] for cell in graded.cells if cell.cell_type == "code")
@@ -183,12 +185,12 @@ def test_assemble_takes_only_exercise_and_added_cells_from_the_student():
 def test_assemble_reports_duplicated_exercise_cells_and_uses_stubs_for_missing_ones():
     graded_lesson = load_lesson(FIXTURE)
     submission = answered(RIGHT)
-    submission.cells.append(copy.deepcopy(submission.cells[cell_index(submission, "ex3")]))
-    graded, duplicated = assemble(graded_lesson, without(submission, "ex1"))
+    submission.cells.append(copy.deepcopy(submission.cells[cell_index(submission, "ex993")]))
+    graded, duplicated = assemble(graded_lesson, without(submission, "ex991"))
     by_id = {cell.id: cell for cell in graded.cells}
-    assert duplicated == {"ex3"}
-    assert by_id["ex1"].source == "# YOUR CODE HERE\ntotal = ..."
-    assert by_id["ex3"].source == "# YOUR CODE HERE\nevens = ...\nodds = ..."
+    assert duplicated == {"ex993"}
+    assert by_id["ex991"].source == "# YOUR CODE HERE\ntotal = ..."
+    assert by_id["ex993"].source == "# YOUR CODE HERE\nevens = ...\nodds = ..."
 
 
 def test_match_lesson_by_metadata_then_longest_name():
@@ -251,7 +253,7 @@ def test_jobs_2_grades_as_sequentially_each_submission_in_its_own_folders(tmp_pa
     submissions.mkdir()
     for name, answers in {
         "alice": RIGHT,
-        "bob": {"ex1": RIGHT["ex1"], "ex2": "def square(x):\n    return 2 * x"},
+        "bob": {"ex991": RIGHT["ex991"], "ex992": "def square(x):\n    return 2 * x"},
     }.items():
         nb = answered(answers)
         nb.cells.append(nbformat.v4.new_code_cell(ENVIRONMENT_PROBE))
@@ -288,7 +290,7 @@ def test_an_interrupted_class_resumes_without_regrading(tmp_path):
     submissions.mkdir()
     for name in ("alice", "bob", "carol"):
         nbformat.write(
-            answered(RIGHT if name != "bob" else {"ex1": RIGHT["ex1"]}), submissions / f"{name}__{NAME}.ipynb"
+            answered(RIGHT if name != "bob" else {"ex991": RIGHT["ex991"]}), submissions / f"{name}__{NAME}.ipynb"
         )
     grader = subprocess.Popen(grade_command(submissions, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

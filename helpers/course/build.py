@@ -9,6 +9,10 @@ the build keeps and the grader matches on):
   ``# YOUR CODE HERE`` and ``...`` at that indentation, which the checks recognise as "not attempted".
 - **Check cells**: after every exercise cell, a cell of its own that calls ``check("N.x", answer_or_namespace);``
   (N is the lesson number; tag it ``check`` if you like). The trailing ``;`` hides the returned bool.
+- **Reading order and names**: a lesson's exercises are N.1, N.2, ... in the order they appear. Exercise N.k's
+  instructions are the markdown cell right before its exercise cell and say ``Exercise N.k``; the three cells have
+  the ids ``exNk-md``, ``exNk`` and ``checkNk``. Every other cell has an id that names what it holds (not one that
+  Jupyter generated).
 - **Parameters**: one code cell tagged ``parameters`` assigns at least ``DATA_DIR`` (None: the embedded data),
   ``WORK_DIR`` and ``SEED``, plus the lesson's own; the defaults are the small CI settings. Keep ``=`` out of its
   comments (papermill parses them).
@@ -91,6 +95,7 @@ SOLUTIONS_DIR = REPO_ROOT / "solutions"
 LESSONS_DIR = REPO_ROOT / "lessons"
 
 _LESSON_NUMBER = re.compile(r"^(\d+)_")
+_GENERATED_ID = re.compile(r"[0-9a-f]{8}(-[0-9a-f]{4}){0,3}(-[0-9a-f]{12})?")
 
 
 def display_path(path: Path) -> str:
@@ -436,6 +441,40 @@ def _marker_problems(cells: list[NotebookNode]) -> list[str]:
     return found
 
 
+def _naming_problems(cells: list[NotebookNode], layout: Structure, number: int | None) -> list[str]:
+    """Exercises out of reading order, and cell ids that do not say what the cells hold."""
+    found = [
+        f"cell {cell.get('id')} has an id Jupyter generated: name what it holds"
+        for cell in cells
+        if _GENERATED_ID.fullmatch(str(cell.get("id", ""))) and re.search(r"\d", str(cell.get("id", "")))
+    ]
+    if number is None:
+        return found
+    position = {cell.get("id"): index for index, cell in enumerate(cells)}
+    for k, exercise in enumerate(layout.exercises, start=1):
+        label = f"{number}.{k}"
+        if exercise.check_ids != (label,):
+            found.append(
+                f"exercise cell {exercise.cell_id} checks {', '.join(exercise.check_ids) or 'nothing'}: in "
+                f"reading order it is exercise {label}, renumber it"
+            )
+            continue
+        index = position[exercise.cell_id]
+        instructions = next((c for c in reversed(cells[:index]) if c.cell_type == "markdown"), None)
+        named = {exercise.cell_id: f"ex{number}{k}", _id(instructions): f"ex{number}{k}-md"}
+        named.update({cell_id: f"check{number}{k}" for cell_id, ids in layout.check_cells.items() if label in ids})
+        found += [
+            f"the cell of exercise {label} with id {old} should be {new}" for old, new in named.items() if old != new
+        ]
+        if instructions is not None and f"Exercise {label}" not in instructions.source:
+            found.append(f"the markdown before exercise cell {exercise.cell_id} does not say 'Exercise {label}'")
+    return found
+
+
+def _id(cell: NotebookNode | None) -> str:
+    return str(cell.get("id", "")) if cell is not None else "(no markdown cell)"
+
+
 def _parameter_problems(cells: list[NotebookNode]) -> list[str]:
     parameters = [cell for cell in cells if cell.cell_type == "code" and PARAMETERS_TAG in _tags(cell)]
     if len(parameters) != 1:
@@ -483,7 +522,9 @@ def problems(solution: NotebookNode, name: str) -> list[str]:
         found.append("cells without ids: save it with JupyterLab >= 3 (nbformat 4.5) so cell ids are stable")
     found += _marker_problems(solution.cells)
     found += _parameter_problems(solution.cells)
-    found += _check_problems(structure(solution), lesson_number(name))
+    layout, number = structure(solution), lesson_number(name)
+    found += _check_problems(layout, number)
+    found += _naming_problems(solution.cells, layout, number)
     found += pages.problems(solution, name)
     return found
 

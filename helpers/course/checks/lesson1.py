@@ -160,7 +160,7 @@ def _right_counts(n: int, fraction: float) -> set[int]:
     return {min(max(r, 1), n - 1) for r in rounded}
 
 
-@register("1.3")
+@register("1.4")
 def validation_count_rule(validation_count) -> str:
     """``validation_count(n, val_fraction)``: images of one class that go to validation.
 
@@ -199,7 +199,7 @@ def validation_count_rule(validation_count) -> str:
     return f"right on {len(cases)} class sizes and fractions: both splits get every class"
 
 
-@register("1.4")
+@register("1.5")
 def repartition_rule(repartition_for_devices) -> str:
     """``repartition_for_devices(df, num_devices)`` spreads ``df`` over 2 non-empty partitions per device.
 
@@ -369,7 +369,7 @@ def _first_batch(converter, spec, batch_size: int):
         return next(iter(loader))
 
 
-@register("1.5")
+@register("1.7")
 def own_transform_spec(transform_spec) -> str:
     """``transform_spec(image_size)``: a Petastorm TransformSpec that decodes ``content`` into normalised tensors.
 
@@ -425,7 +425,7 @@ def _read_shard(shard_loader, converter, shard: int, shard_count: int, batch_siz
     return ids
 
 
-@register("1.6")
+@register("1.8")
 def disjoint_complete_shards(shard_loader) -> str:
     """``shard_loader(converter, spec, shard, shard_count, batch_size)``: a loader over one worker's shard.
 
@@ -530,7 +530,7 @@ def _paths(path: str, version: int | None = None) -> list[str]:
     return sorted(DeltaTable(path, version=version).to_pyarrow_table(columns=["path"])["path"].to_pylist())
 
 
-@register("1.7")
+@register("1.3")
 def restore_after_bad_write(restore_last_good) -> str:
     """``restore_last_good(table_path, class_names)`` makes the last version with every class current again.
 
@@ -557,7 +557,7 @@ def restore_after_bad_write(restore_last_good) -> str:
     folder = work_path("checks")
     folder.mkdir(exist_ok=True)
     for writes, good_version in _damaged_histories(rng):
-        path = tempfile.mkdtemp(prefix="check-1.7-", dir=folder)
+        path = tempfile.mkdtemp(prefix="check-1.3-", dir=folder)
         try:
             _write_history(path, writes)
             last = len(writes) - 1
@@ -589,7 +589,7 @@ def restore_after_bad_write(restore_last_good) -> str:
     return "finds the last good version in the history and makes it current, keeping the history"
 
 
-@register("1.8")
+@register("1.6")
 def converter_for_devices(to_converter) -> str:
     """``to_converter(df, num_devices)``: a Petastorm converter of the training columns in 2 files per device.
 

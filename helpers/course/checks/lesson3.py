@@ -1,6 +1,6 @@
 """Checks for lesson 3: single-node Horovod.
 
-Every check but 3.2 and 3.4 runs the answer in real Horovod processes (a few seconds each), on inputs it makes
+Every check but 3.2 and 3.5 runs the answer in real Horovod processes (a few seconds each), on inputs it makes
 itself: its own world size (3 processes, not the lesson's 2, so a hard-coded 2 fails), data, learning rates and
 gradient accumulation. Inside the workers ``own_work`` rejects answers that hand the step to the course's helpers.
 """
@@ -94,7 +94,7 @@ def _one_launch(steps):
 
 
 def check_answers(exercise_id: str, answers: list[Any]) -> list[tuple[str, str]]:
-    """Check several answers to one multi-process exercise (3.1, 3.3, 3.5, 3.6) with one Horovod job per world size.
+    """Check several answers to one multi-process exercise (3.1, 3.3, 3.4, 3.6) with one Horovod job per world size.
 
     Each answer is prepared and judged by its check's own code and gets the ``(status, message)`` that ``check``
     would give it alone: in every rank it runs in a fresh fork of the worker (no state, Horovod init or MLflow run
@@ -102,7 +102,7 @@ def check_answers(exercise_id: str, answers: list[Any]) -> list[tuple[str, str]]
     answer's other ranks as ``horovod.run`` does. For the test corpus; the notebooks check one answer at a time.
 
     Args:
-        exercise_id: one of ``"3.1"``, ``"3.3"``, ``"3.5"``, ``"3.6"``.
+        exercise_id: one of ``"3.1"``, ``"3.3"``, ``"3.4"``, ``"3.6"``.
         answers: what ``check`` would be given for each answer (a function, or a namespace such as
             ``globals()``).
 
@@ -112,7 +112,7 @@ def check_answers(exercise_id: str, answers: list[Any]) -> list[tuple[str, str]]
 
     Raises:
         ValueError: ``exercise_id`` is not like ``"N.x"``.
-        AttributeError: ``exercise_id`` has no check, or one that launches no Horovod job (3.2, 3.4).
+        AttributeError: ``exercise_id`` has no check, or one that launches no Horovod job (3.2, 3.5).
     """
     from helpers.course.checks import NOT_ATTEMPTED, PASSED, _find_check, _is_unanswered, _judged
     from helpers.horovod_runner import HorovodRunner
@@ -457,7 +457,7 @@ def distributed_optimizer(make_distributed) -> str:
     )
 
 
-# --- 3.4 --------------------------------------------------------------------------------------------------------
+# --- 3.5 --------------------------------------------------------------------------------------------------------
 
 
 def _concurrent_runs(client, run) -> int:
@@ -467,7 +467,7 @@ def _concurrent_runs(client, run) -> int:
     return sum(1 for other in candidates if (other.info.end_time or end) >= run.info.start_time)
 
 
-@register("3.4")
+@register("3.5")
 def horovod_training(namespace) -> str:
     """``hvd_result``: the TrainResult rank 0 returned from ``train_hvd`` run with ``NUM_PROCESSES`` processes.
 
@@ -524,7 +524,7 @@ def horovod_training(namespace) -> str:
     return f"one MLflow run, {processes} processes, lr {base:g} -> {effective:g}"
 
 
-# --- 3.5 --------------------------------------------------------------------------------------------------------
+# --- 3.4 --------------------------------------------------------------------------------------------------------
 
 
 class _RecordedDataset:
@@ -806,7 +806,7 @@ def _by_hand_problem(seen: dict[str, Any], folder: Path, settings: dict[str, Any
     return problem
 
 
-@register("3.5")
+@register("3.4")
 @_one_launch
 def horovod_by_hand(namespace) -> str:
     """``pin_device(use_gpu)`` and ``train_by_hand(...)``: the plain loop migrated to Horovod step by step.
@@ -834,7 +834,7 @@ def horovod_by_hand(namespace) -> str:
 
     pin_device, train_by_hand = require(namespace, "pin_device", "train_by_hand")
     rng = np.random.default_rng(CHECK_SEED)
-    folder = work_path("checks", f"3.5-{uuid.uuid4().hex[:8]}")
+    folder = work_path("checks", f"3.4-{uuid.uuid4().hex[:8]}")
     folder.mkdir(parents=True)
     uri = tracking_uri(None)
     settings = {
@@ -844,7 +844,7 @@ def horovod_by_hand(namespace) -> str:
         "classes": int(rng.integers(3, 7)),
         "batch_size": int(rng.integers(6, 10)),
         "base_lr": float(rng.uniform(0.005, 0.02)),
-        "experiment": f"check-3.5-{folder.name}",
+        "experiment": f"check-3.4-{folder.name}",
         "tracking_uri": uri,
     }
     _new_experiments(uri, settings["experiment"], folder)

@@ -1,7 +1,7 @@
 """Checks for lesson 4: multi-node scaling. They run on the notebook's cluster (``spark``) and read its own
-``WORKERS`` and ``USE_GPU``: 4.2 starts small Horovod jobs on the workers, 4.5 one short TorchDistributor job (plus
+``WORKERS`` and ``USE_GPU``: 4.1 starts small Horovod jobs on the workers, 4.3 one short TorchDistributor job (plus
 calls of the training function in this process under a simulated ``torchrun`` environment), 4.4 writes its own
-MLflow runs and 4.6 its own checkpoint folders, so no verdict depends on how well the lesson's training went."""
+MLflow runs and 4.5 its own checkpoint folders, so no verdict depends on how well the lesson's training went."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def _check_dir(name: str) -> Path:
     return work_path("checks", f"{name}-{uuid.uuid4().hex[:8]}")
 
 
-# ---------------------------------------------------------------------------------------------------------- 4.2
+# ---------------------------------------------------------------------------------------------------------- 4.1
 
 
 def _where_job(tag: int) -> list[dict[str, Any]]:
@@ -60,7 +60,7 @@ def _where_job(tag: int) -> list[dict[str, Any]]:
     return hvd.allgather_object({"rank": hvd.rank(), "size": hvd.size(), "executor": task, "tag": tag})
 
 
-@register("4.2")
+@register("4.1")
 def launch_on_workers_check(namespace) -> str:
     """``launch_on_workers(fn, num_workers, **kwargs)``: ``fn(**kwargs)`` runs as Horovod processes in Spark tasks;
     called for 1 process and for the notebook's ``WORKERS``.
@@ -100,7 +100,7 @@ def launch_on_workers_check(namespace) -> str:
     return f"1 and {workers} Horovod processes ran as Spark tasks"
 
 
-# ---------------------------------------------------------------------------------------------------------- 4.3
+# ---------------------------------------------------------------------------------------------------------- 4.2
 
 
 def _layout_helpers() -> tuple[Any, ...]:
@@ -109,7 +109,7 @@ def _layout_helpers() -> tuple[Any, ...]:
     return ddp_layout, make_distributor
 
 
-@register("4.3")
+@register("4.2")
 def torch_distributor_setup(namespace) -> str:
     """``make_torch_distributor(num_processes, use_gpu)`` on the workers; ``trainer_layout`` for DDP under it.
 
@@ -260,7 +260,7 @@ def _compare_table(table, launchers: list[str], last: dict[str, dict[str, float]
                 )
 
 
-# ---------------------------------------------------------------------------------------------------------- 4.5
+# ---------------------------------------------------------------------------------------------------------- 4.3
 
 _TORCHRUN_KEYS = (
     "RANK",
@@ -281,7 +281,7 @@ class _FitStopped(Exception):
 
 
 def _ddp_helpers() -> tuple[Any, ...]:
-    """The course's helpers that would do exercise 4.5 for the learner."""
+    """The course's helpers that would do exercise 4.3 for the learner."""
     from helpers.distributor import ddp_layout, make_distributor, run_with_distributor
     from helpers.worker import _rank_and_strategy, launch_training, train_hvd, train_process, train_with_distributor
 
@@ -353,7 +353,7 @@ def _torchrun_env(rank: int, world_size: int, local_mode: bool) -> Iterator[None
         "ROLE_RANK": rank,
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": "29599",
-        "TORCHELASTIC_RUN_ID": "check-4.5",
+        "TORCHELASTIC_RUN_ID": "check-4.3",
     }
     saved_env = {key: os.environ.get(key) for key in _TORCHRUN_KEYS}
     saved_ranks = (rank_zero.rank_zero_only.rank, fabric_rank_zero.rank_zero_only.rank)
@@ -453,7 +453,7 @@ def _on_workers(answer, namespace, args: tuple, workers: int, use_gpu: bool) -> 
     from helpers.spark import configure_python_env
 
     spark = require(namespace, "spark")
-    record_dir = _check_dir("4.5-reports")
+    record_dir = _check_dir("4.3-reports")
     record_dir.mkdir(parents=True)
     configure_python_env()
     try:
@@ -482,7 +482,7 @@ def _judge_reports(reports: dict[int, dict[str, Any]], workers: int, use_gpu: bo
         raise CheckFailed("rank 0 returned None: return train's result (or what you want back) on rank 0")
 
 
-@register("4.5")
+@register("4.3")
 def ddp_training_function(namespace) -> str:
     """``ddp_train(train_converter, val_converter, class_count, settings, local_mode)``: what TorchDistributor runs.
 
@@ -514,7 +514,7 @@ def ddp_training_function(namespace) -> str:
         namespace, "ddp_train", "train_converter", "val_converter", "class_names", "settings"
     )
     workers, use_gpu = _workers(namespace), bool(namespace.get("USE_GPU", False))
-    check_dir = _check_dir("4.5-checkpoints")
+    check_dir = _check_dir("4.3-checkpoints")
     quick = settings.replace(
         max_epochs=1, mlflow_experiment=None, ckpt_restore=None, default_dir=str(check_dir), run_name=None
     )
@@ -531,7 +531,7 @@ def ddp_training_function(namespace) -> str:
     return f"the right Trainer in both modes; {workers} DDP processes trained on the workers and rank 0 returned"
 
 
-# ---------------------------------------------------------------------------------------------------------- 4.6
+# ---------------------------------------------------------------------------------------------------------- 4.5
 
 
 def _tiny_lightning() -> tuple[type, type]:
@@ -612,7 +612,7 @@ def _resume_helpers() -> tuple[Any, ...]:
     return (last_checkpoint,)
 
 
-@register("4.6")
+@register("4.5")
 def resume_after_lost_worker(namespace) -> str:
     """``resume_training(trainer, model, datamodule, checkpoint_dir)`` continues from the readable checkpoint with
     the most progress, checked on folders the check writes (more than 10 epochs, a torn newest file, none).
@@ -641,7 +641,7 @@ def resume_after_lost_worker(namespace) -> str:
         ("the newest files torn", epochs, True, epochs - 1),
         ("no checkpoint yet", 0, False, 0),
     ]
-    root = _check_dir("4.6")
+    root = _check_dir("4.5")
     try:
         with logger_levels({"pytorch_lightning": logging.ERROR}):
             for name, saved, torn, start in scenarios:
@@ -663,7 +663,7 @@ def resume_after_lost_worker(namespace) -> str:
     return f"resumed at epoch {epochs}, at {epochs - 1} past a torn file, and at 0 without checkpoints"
 
 
-# ---------------------------------------------------------------------------------------------------------- 4.7
+# ---------------------------------------------------------------------------------------------------------- 4.6
 
 
 def _slots(executors: int, cores: int, task_cpus: int, gpus: int, task_gpus: float) -> int:
@@ -674,7 +674,7 @@ def _slots(executors: int, cores: int, task_cpus: int, gpus: int, task_gpus: flo
     return executors * per_executor
 
 
-@register("4.7")
+@register("4.6")
 def cluster_task_slots(namespace) -> str:
     """(stretch) ``max_processes(executors, cores, task_cpus, gpus, task_gpus)``: how many training processes a
     barrier job can start at once, on clusters the check generates.

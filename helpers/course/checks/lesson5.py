@@ -58,7 +58,7 @@ def _returned(value: Any, what: str) -> Any:
     return value
 
 
-# --- 5.1 query the runs -----------------------------------------------------------------------------------------
+# --- 5.2 query the runs -----------------------------------------------------------------------------------------
 
 
 def _run_ids(frame: Any, what: str) -> set[str]:
@@ -71,7 +71,7 @@ def _run_ids(frame: Any, what: str) -> set[str]:
     return set(frame["run_id"])
 
 
-@register("5.1")
+@register("5.2")
 def query_the_runs(namespace) -> str:
     """``query_runs(experiment, sweep)``: this sweep's FINISHED runs only, from ``mlflow.search_runs``.
 
@@ -114,7 +114,7 @@ def query_the_runs(namespace) -> str:
         for tags, status in [({"sweep": other_sweep}, "FINISHED"), ({"sweep": sweep}, "FAILED")]:
             run = client.create_run(
                 experiment_id,
-                run_name="check-5.1-decoy",
+                run_name="check-5.2-decoy",
                 tags={TAG + "lesson": "5", **{TAG + k: v for k, v in tags.items()}},
             )
             client.set_terminated(run.info.run_id, status)
@@ -149,7 +149,7 @@ def query_the_runs(namespace) -> str:
     return f"{len(got)} finished runs of this sweep, none of another sweep, no failed run"
 
 
-# --- 5.2 speedup and efficiency ---------------------------------------------------------------------------------
+# --- 5.3 speedup and efficiency ---------------------------------------------------------------------------------
 
 
 def speedup_cases(seed: int = 52, count: int = 6) -> list[pd.DataFrame]:
@@ -235,7 +235,7 @@ def _compare_any(got: Any, candidates: list[pd.DataFrame], where: str) -> None:
     raise failures[0]
 
 
-@register("5.2")
+@register("5.3")
 def speedup_and_efficiency(namespace) -> str:
     """``speedup_efficiency(table)``: speedup = time(1 device) / time(n), efficiency = speedup / n, per row.
 
@@ -272,7 +272,7 @@ def speedup_and_efficiency(namespace) -> str:
     return message + (f" and on the lesson's {len(cases[-1][0])} runs" if real else "")
 
 
-# --- 5.3 why a run stopped --------------------------------------------------------------------------------------
+# --- 5.4 why a run stopped --------------------------------------------------------------------------------------
 
 
 def _replay(losses, delta, patience, threshold, max_epochs) -> tuple[str, int]:
@@ -419,7 +419,7 @@ def _why(losses, delta, patience, threshold, max_epochs, reason) -> str:
     return "no rule fired before max_epochs"
 
 
-@register("5.3")
+@register("5.4")
 def why_runs_stopped(namespace) -> str:
     """``why_stopped(val_losses, min_delta, patience, stopping_threshold, max_epochs)``: Lightning's rules.
 
@@ -476,7 +476,7 @@ def why_runs_stopped(namespace) -> str:
     return f"right on {made_up} made-up histories" + (f" and on the lesson's {real} runs" if real else "")
 
 
-# --- 5.4 rows per epoch -----------------------------------------------------------------------------------------
+# --- 5.6 rows per epoch -----------------------------------------------------------------------------------------
 
 
 def epoch_cases(seed: int = 54, count: int = 12) -> list[tuple[int, int, int]]:
@@ -495,7 +495,7 @@ def epoch_cases(seed: int = 54, count: int = 12) -> list[tuple[int, int, int]]:
     return cases
 
 
-@register("5.4")
+@register("5.6")
 def rows_read_per_epoch(namespace) -> str:
     """``rows_per_epoch(rows, batch_size, devices, epoch_mode)``: training rows all devices read in one epoch.
 
@@ -539,7 +539,7 @@ def rows_read_per_epoch(namespace) -> str:
     return f"right: one 'epoch' on 8 devices the original way (3,670 images, batch 64) is {passes:.0f} passes"
 
 
-# --- 5.5 the sweep plan -----------------------------------------------------------------------------------------
+# --- 5.1 the sweep plan -----------------------------------------------------------------------------------------
 
 
 def plan_cases(seed: int = 55, count: int = 10) -> list[tuple[int, dict[str, Any]]]:
@@ -642,7 +642,7 @@ def _check_run(run: Mapping[str, Any], expected: Mapping[str, Any], where: str) 
             )
 
 
-@register("5.5")
+@register("5.1")
 def sweep_is_like_for_like(namespace) -> str:
     """``sweep_plan(max_devices, base_settings)``: the runs of the sweep, compared with ``plan_sweep``.
 
@@ -699,7 +699,7 @@ def sweep_is_like_for_like(namespace) -> str:
     )
 
 
-# --- 5.6 (stretch) the serial fraction --------------------------------------------------------------------------
+# --- 5.5 (stretch) the serial fraction --------------------------------------------------------------------------
 
 
 def karp_flatt(speedup: float, devices: int) -> float:
@@ -738,7 +738,7 @@ def serial_cases(seed: int = 56, count: int = 12) -> list[tuple[float, int]]:
     return cases + [(np.float64(s), np.int64(n)) for s, n in cases[:3]]
 
 
-@register("5.6")
+@register("5.5")
 def serial_fraction_measured(namespace) -> str:
     """``serial_fraction(speedup, devices)``: the Karp-Flatt metric, on generated points and the lesson's runs.
 
