@@ -243,6 +243,10 @@ class JobFolder:
         """The host of each rank that started, by rank."""
         return {rank: host for rank, (host, _) in self._started().items()}
 
+    def pids(self) -> dict[int, int]:
+        """The process id of each rank that started (the latest, where a rank was started again), by rank."""
+        return {rank: pid for rank, (_, pid) in self._started().items()}
+
     def local_pids(self) -> list[int]:
         """The process ids of the ranks that started on this machine."""
         return [pid for host, pid in self._started().values() if host == socket.gethostname()]
@@ -290,6 +294,15 @@ class JobFolder:
             except FileNotFoundError:  # the rank left it meanwhile
                 continue
         return found
+
+    def write_json(self, name: str, record: dict) -> None:
+        """Store ``record`` as the JSON file ``name`` in the folder, atomically (what a job's processes note for
+        each other and for the driver)."""
+        _write_atomically(self.path / name, json.dumps(record).encode())
+
+    def read_json(self, pattern: str) -> list[dict]:
+        """The JSON records whose file names match ``pattern`` (a glob), in name order."""
+        return [json.loads(path.read_text()) for path in sorted(self.path.glob(pattern))]
 
     def write_result(self, data: bytes) -> None:
         """Store rank 0's pickled result, for launchers that do not return it themselves."""

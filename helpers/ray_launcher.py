@@ -5,7 +5,10 @@ Ray Train starts one worker (a Ray actor) per training process on the Ray cluste
 GPUs) and exports ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` like ``torchrun``. :func:`run_with_ray` adds what the other
 launchers give (:mod:`helpers.jobs`): every worker runs inside a :class:`~helpers.jobs.WorkerCall` (a failure
 record when it raises), takes its share of the CPU threads, returns rank 0's result; a failed job ends its
-MLflow runs FAILED and raises :class:`RayJobError` naming the rank that failed first and its error.
+MLflow runs FAILED and raises :class:`RayJobError` naming the rank that failed first and its error, or the rank
+whose process died without one (killed, out of memory). ``max_failures`` is Ray Train's ``FailureConfig``: after
+a failure Ray Train stops every worker and starts a new group, which resumes from the last checkpoint a training
+function reported (:mod:`helpers.ray_faults` shows it).
 """
 
 from __future__ import annotations
@@ -75,9 +78,12 @@ def _require_v2() -> None:
         )
 
 
-def _trainer(loop: _TrainLoop, job: JobFolder, num_workers: int, cpus_per_worker: int, use_gpu: bool):
+def _trainer(
+    loop: _TrainLoop, job: JobFolder, num_workers: int, cpus_per_worker: int, use_gpu: bool, max_failures: int
+):
     """The ``TorchTrainer`` (Ray Train V2: its controller takes no resources, so the workers may have every CPU):
-    one worker of ``cpus_per_worker`` CPUs per Ray node if it can (SPREAD), no retry, its files in the job folder."""
+    one worker of ``cpus_per_worker`` CPUs per Ray node if it can (SPREAD), ``max_failures`` restarts of the worker
+    group, its files (checkpoints) in the job folder."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -91,13 +97,19 @@ def _trainer(loop: _TrainLoop, job: JobFolder, num_workers: int, cpus_per_worker
             placement_strategy="SPREAD",
         ),
         run_config=RunConfig(
-            name="ray_train", storage_path=str(job.path), failure_config=FailureConfig(max_failures=0)
+            name="ray_train", storage_path=str(job.path), failure_config=FailureConfig(max_failures=max_failures)
         ),
     )
 
 
 def run_with_ray(
-    fn: Callable[..., Any], num_workers: int = 2, *, use_gpu: bool = False, cpus_per_worker: int = 1, **kwargs: Any
+    fn: Callable[..., Any],
+    num_workers: int = 2,
+    *,
+    use_gpu: bool = False,
+    cpus_per_worker: int = 1,
+    max_failures: int = 0,
+    **kwargs: Any,
 ) -> Any:
     """Run ``fn(**kwargs)`` in every worker of a Ray Train ``TorchTrainer``; return global rank 0's result.
 
@@ -106,6 +118,8 @@ def run_with_ray(
         num_workers: how many workers (training processes).
         use_gpu: one GPU per worker, NCCL between them (else Gloo on the CPU).
         cpus_per_worker: the CPUs each worker takes (and its compute threads).
+        max_failures: how many failures Ray Train recovers from (``FailureConfig``): it stops the worker group and
+            starts a new one, whose ``fn`` resumes from ``ray.train.get_checkpoint()`` (None if it reported none).
         **kwargs: ``fn``'s arguments.
 
     Returns:
@@ -117,6 +131,7 @@ def run_with_ray(
     """
     whole_number("num_workers", num_workers)
     whole_number("cpus_per_worker", cpus_per_worker)
+    whole_number("max_failures", max_failures, minimum=0, hint="Restarts of the worker group after a failure.")
     check_flag("use_gpu", use_gpu)
     _require_v2()
     _check_resources(num_workers, cpus_per_worker, use_gpu)
@@ -129,7 +144,7 @@ def run_with_ray(
 
     def launch() -> Any:
         try:
-            return _trainer(loop, job, num_workers, cpus_per_worker, use_gpu).fit()
+            return _trainer(loop, job, num_workers, cpus_per_worker, use_gpu, max_failures).fit()
         finally:
             _wait_for_workers(job)
 
@@ -148,13 +163,26 @@ def _wait_for_workers(job: JobFolder) -> None:
         warnings.warn(f"Ray Train workers left running after the job: {[p.pid for p in alive]}", stacklevel=3)
 
 
+def _lost_ranks(exc: BaseException) -> list[int]:
+    """The ranks whose process Ray Train lost (its health check of the worker failed: the process died)."""
+    failures = getattr(exc, "worker_failures", None) or {}
+    return sorted(rank for rank, error in failures.items() if type(error).__name__ == "WorkerHealthCheckFailedError")
+
+
 def _ray_error(exc: BaseException, job: JobFolder, num_workers: int, elapsed: float) -> RayJobError:
-    """The :class:`RayJobError` for a failed job: the root cause by the job protocol's rule, else Ray's error."""
-    cause = job.root_cause()
-    if cause is not None:
+    """The :class:`RayJobError` for a failed job: a rank's own error first, then a rank whose process died (it
+    records nothing; the others' errors only echo it), then an echo, else Ray's error."""
+    cause, lost = job.root_cause(), _lost_ranks(exc)
+    details: dict[str, Any] = {}
+    if cause is not None and (not cause.collateral or not lost):
         reason = f"rank {cause.rank} raised {cause.last_line}"
+        details = {"rank": cause.rank, "worker_traceback": cause.text}
+    elif lost:
+        pids = job.pids()
+        where = ", ".join(f"{rank} (pid {pids[rank]})" if rank in pids else str(rank) for rank in lost)
+        reason = f"rank {where} died without a Python error (its process was killed, or ran out of memory)"
+        details = {"rank": lost[0]}
     else:
         reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)[:300]
     message = f"Ray Train training with {num_workers} workers failed after {elapsed:.0f} s: {reason}."
-    details = {"rank": cause.rank, "worker_traceback": cause.text} if cause is not None else {}
     return RayJobError(message, reason=reason, **details)

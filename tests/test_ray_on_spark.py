@@ -4,10 +4,13 @@ The fast tests pin the one-line input errors without starting Ray. The slow ones
 one cluster session (the ``ray_session`` fixture: tests/scripts/ray_session.py in the driver program
 tests/scripts/cluster_session.py, since a process holds one SparkContext and the shared local ``spark`` must stay
 usable): on its 2-worker ``LocalCluster``, lesson 1's digits, then one Ray cluster on its workers in which Lightning
-DDP trains on 2 Ray Train workers and a job whose rank 1 raises fails; then the shutdown.
+DDP trains on 2 Ray Train workers, a job whose rank 1 raises fails, and a job whose rank 1's process is killed fails
+without a retry and finishes with one; then the shutdown.
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -48,6 +51,8 @@ def test_ray_train_needs_a_ray_cluster_and_a_worker_count():
         run_with_ray(print, 0)
     with pytest.raises(CourseInputError, match=r"^num_workers=1\.5: pass a whole number"):
         train_with_ray(None, None, 10, num_workers=1.5)
+    with pytest.raises(CourseInputError, match=r"^max_failures=-1: pass a whole number of at least 0\. Restarts"):
+        run_with_ray(print, 2, max_failures=-1)
 
 
 # -- slow: one Ray cluster on a 2-worker Spark cluster (the cluster session's Ray part, tests/scripts/ray_session.py)
@@ -97,6 +102,34 @@ def test_a_failing_rank_gives_a_ray_job_error_naming_it_and_no_running_mlflow_ru
     assert failure["message"].startswith("Ray Train training with 2 workers failed after ")
     assert failure["message"].endswith("rank 1 raised ValueError: rank 1 broke on purpose.")
     assert failure["mlflow_runs"] == ["FAILED"]  # rank 0's, killed in its barrier, ended by the driver
+
+
+@pytest.mark.slow
+def test_a_killed_worker_ends_the_job_without_a_retry_naming_its_rank_and_pid(ray_session):
+    failure = ray_session["lost_worker_no_retry"]
+    assert failure["type"] == "RayJobError" and failure["rank"] == 1
+    found = re.fullmatch(
+        r"Ray Train training with 2 workers failed after \d+ s: rank 1 \(pid (\d+)\) died without a Python error "
+        r"\(its process was killed, or ran out of memory\)\.",
+        failure["message"],
+    )
+    assert found, failure["message"]  # not rank 0's echo ("Connection closed by peer"), nor Ray's many lines
+
+
+@pytest.mark.slow
+def test_with_one_retry_ray_train_replaces_the_killed_process_and_resumes_from_its_checkpoint(ray_session):
+    run = ray_session["lost_worker"]
+    killed = run["killed"]
+    assert (killed["rank"], killed["epoch"]) == (1, 2)
+    assert run["attempts"] == 2  # Ray Train started the worker group twice: one restart
+    first, second = run["rank_1_pids"]
+    assert first == killed["pid"] and second != first  # a new process took rank 1
+    assert run["killed_running"] is False  # the SIGKILL really ended the first one
+    # every epoch ran to the end: the second group trained the epochs after the checkpoint it resumed from (rank 0
+    # reported one after epochs 0 and 1; which one the controller had collected by the kill depends on its 2 s poll)
+    assert run["resumed_after"] in (0, 1)
+    assert sorted(int(epoch) for epoch in run["losses"]) == list(range(run["resumed_after"] + 1, run["epochs"]))
+    assert 0 < run["restart_s"] < 120
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """The Ray part of the suite's one 2-worker cluster session (tests/scripts/cluster_session.py), judged by
 tests/test_ray_on_spark.py and the 6.2 answers of tests/test_answers_lesson6.py: lesson 1's digits prepared on the
 cluster, Ray clusters that do not fit refused, then one Ray cluster on its workers: its nodes and ports, Lightning DDP
-on 2 Ray Train workers, a job whose rank 1 raises, every 6.2 answer through its check; then the shutdown.
+on 2 Ray Train workers, a job whose rank 1 raises, a job whose rank 1's process is killed (without a retry, then with
+one), every 6.2 answer through its check; then the shutdown.
 """
 
 from __future__ import annotations
@@ -146,6 +147,32 @@ def _train_and_fail(ray_on_spark, data, report: dict, timings: dict) -> None:
     ]
 
 
+def _lose_a_worker(report: dict, timings: dict) -> None:
+    """Inside the Ray cluster: rank 1's process SIGKILLs itself, with no retry, then with one (helpers.ray_faults)."""
+    from helpers.ray_faults import lose_a_worker
+    from helpers.ray_launcher import RayJobError, run_with_ray
+
+    started = time.monotonic()
+    try:
+        run_with_ray(lose_a_worker, 2, kill_epoch=0)
+        report["lost_worker_no_retry"] = {"type": None}
+    except RayJobError as exc:
+        report["lost_worker_no_retry"] = {"type": type(exc).__name__, "rank": exc.rank, "message": str(exc)}
+    timings["lost_worker_no_retry"] = round(time.monotonic() - started, 1)
+    started = time.monotonic()
+    run = run_with_ray(lose_a_worker, 2, max_failures=1)
+    timings["lost_worker_restarted"] = round(time.monotonic() - started, 1)
+    killed_pid = run.killed["pid"] if run.killed else None
+    report["lost_worker"] = {
+        **asdict(run),
+        "attempts": run.attempts,
+        "rank_1_pids": run.pids(1),
+        "resumed_after": run.resumed_after,
+        "restart_s": run.restart_s,
+        "killed_running": killed_pid is not None and psutil.pid_exists(killed_pid),
+    }
+
+
 def _check_answers(data, report: dict, timings: dict) -> None:
     """Inside the Ray cluster: every 6.2 answer of the corpus through the check, as the lesson runs it."""
     _, train_converter, val_converter, class_names = data
@@ -180,6 +207,7 @@ def ray_on_the_cluster(cluster, work: Path) -> dict:
     with ray_cluster(spark) as ray_on_spark:
         timings["ray_start"] = round(time.monotonic() - started, 1)
         _train_and_fail(ray_on_spark, data, report, timings)
+        _lose_a_worker(report, timings)
         _check_answers(data, report, timings)
         processes = ray_on_spark.processes()
         started = time.monotonic()
