@@ -24,7 +24,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CALL_FILE", "build_ops", "main", "ops_build_dir", "train_zero"]
+__all__ = [
+    "CALL_FILE",
+    "build_ops",
+    "join_process_group",
+    "main",
+    "ops_build_dir",
+    "train_zero",
+    "zero_engine",
+]
 
 # DeepSpeed 0.19 calls torch.distributed's collectives under their pre-2.13 names (a FutureWarning on every call)
 _DEPRECATED_COLLECTIVES = r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated"
@@ -168,16 +176,41 @@ def _run_params(engine, settings, world_size: int, class_count: int) -> dict[str
     }
 
 
-def _engine(network, deepspeed_config: str, use_gpu: bool):
-    """``deepspeed.initialize`` on ``network`` (trainable parameters only) in a fresh process group."""
+def join_process_group(use_gpu: bool):
+    """Import DeepSpeed and set up this process's process group if it has none yet (Gloo on the CPU, NCCL between
+    GPUs; the stall bound as its timeout, so that a collective waiting longer raises: a stall, not a hang).
+
+    Args:
+        use_gpu: whether this process trains on a CUDA GPU.
+
+    Returns:
+        The ``deepspeed`` module.
+    """
     from helpers.distributor import process_group_backend
     from helpers.jobs import stall_timeout_s
     from helpers.zero import load_deepspeed
 
     _prepare_build()
     deepspeed = load_deepspeed(use_gpu)
-    timeout = timedelta(seconds=stall_timeout_s())  # a collective waiting longer raises: a stall, not a hang
-    deepspeed.init_distributed(dist_backend=process_group_backend(use_gpu), timeout=timeout)
+    deepspeed.init_distributed(
+        dist_backend=process_group_backend(use_gpu), timeout=timedelta(seconds=stall_timeout_s())
+    )
+    return deepspeed
+
+
+def zero_engine(network, deepspeed_config: str | dict, use_gpu: bool):
+    """``deepspeed.initialize`` on ``network`` (trainable parameters only), in this process's process group
+    (:func:`join_process_group`).
+
+    Args:
+        network: the ``torch.nn.Module`` to train.
+        deepspeed_config: the DeepSpeed config, its file's path or a dict.
+        use_gpu: whether this process trains on a CUDA GPU.
+
+    Returns:
+        DeepSpeed's engine: ``engine(inputs)``, ``engine.backward(loss)``, ``engine.step()``.
+    """
+    deepspeed = join_process_group(use_gpu)
     trainable = [p for p in network.parameters() if p.requires_grad]
     engine, *_ = deepspeed.initialize(model=network, model_parameters=trainable, config=deepspeed_config)
     return engine
@@ -226,7 +259,7 @@ def train_zero(train_converter, val_converter, class_count: int, settings, deeps
     history: list[dict[str, float]] = []
     # the run opens first, so that a job failing in deepspeed.initialize is recorded (and ended FAILED) too
     with _mlflow_run(settings, rank == 0 and settings.mlflow_experiment is not None) as run:
-        engine = _engine(network, deepspeed_config, settings.use_gpu)
+        engine = zero_engine(network, deepspeed_config, settings.use_gpu)
         clock.connected()  # deepspeed.initialize returns once every rank has the same parameters
         dtype = _input_dtype(engine)
         if run is not None:
