@@ -6,6 +6,7 @@ work directory and keeps the logs quiet, so a notebook's first cell is one line.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import sys
@@ -27,6 +28,7 @@ __all__ = [
     "executor_count",
     "find_java_home",
     "get_spark",
+    "gpu_task_slots",
     "port_conf",
     "spark_path",
     "task_slots",
@@ -174,6 +176,25 @@ def executor_count(spark) -> int:
     return len(spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()) - 1
 
 
+def gpu_task_slots(gpus: float, task_gpus: float) -> int:
+    """How many tasks one executor's GPUs hold, counted as Spark 3.5 counts them (``ResourceUtils``).
+
+    A task amount of at most 0.5 shares each GPU among ``floor(1 / task_gpus)`` tasks, so 3 GPUs at 0.3 hold 9
+    tasks, not 10, and at 0.4 hold 6, not 7; a whole amount takes that many GPUs per task. Spark refuses other
+    amounts (between 0.5 and 1, or fractions above 1) when the application starts.
+
+    Args:
+        gpus: the executor's GPUs (``spark.executor.resource.gpu.amount``).
+        task_gpus: each task's GPUs (``spark.task.resource.gpu.amount``), more than 0.
+
+    Returns:
+        The number of tasks the executor's GPUs hold at once.
+    """
+    if task_gpus <= 0.5:
+        return int(gpus) * math.floor(1 / task_gpus)
+    return int(gpus // task_gpus)
+
+
 def task_slots(spark) -> int:
     """How many Spark tasks (so training processes) the session runs at once.
 
@@ -181,14 +202,14 @@ def task_slots(spark) -> int:
         spark: the SparkSession.
 
     Returns:
-        Its cores over ``spark.task.cpus``; with GPU scheduling (``spark.task.resource.gpu.amount``) at most one
-        task per GPU share of each executor.
+        Its cores over ``spark.task.cpus``; with GPU scheduling (``spark.task.resource.gpu.amount``) at most as
+        many tasks per executor as its GPUs hold (:func:`gpu_task_slots`).
     """
     conf = spark.sparkContext.getConf()
     slots = spark.sparkContext.defaultParallelism // max(1, int(conf.get("spark.task.cpus", "1")))
     task_gpus = float(conf.get("spark.task.resource.gpu.amount", "0"))
     if task_gpus > 0:
-        per_executor = int(float(conf.get("spark.executor.resource.gpu.amount", "0")) // task_gpus)
+        per_executor = gpu_task_slots(float(conf.get("spark.executor.resource.gpu.amount", "0")), task_gpus)
         slots = min(slots, max(0, executor_count(spark)) * per_executor)
     return slots
 

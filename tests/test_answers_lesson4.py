@@ -7,6 +7,7 @@ small Petastorm data set for the one real TorchDistributor job of 4.3.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -542,7 +543,9 @@ def test_4_5_resume(answer, expected):
 
 def slots_plain(executors, cores, task_cpus, gpus, task_gpus):
     per_executor = cores // task_cpus
-    if task_gpus > 0:
+    if 0 < task_gpus <= 0.5:
+        per_executor = min(per_executor, gpus * math.floor(1 / task_gpus))
+    elif task_gpus > 0:
         per_executor = min(per_executor, int(gpus // task_gpus))
     return executors * per_executor
 
@@ -550,8 +553,42 @@ def slots_plain(executors, cores, task_cpus, gpus, task_gpus):
 def slots_numpy(executors, cores, task_cpus, gpus, task_gpus):
     import numpy as np
 
-    limits = [np.floor_divide(cores, task_cpus)] + ([np.floor(gpus / task_gpus)] if task_gpus else [])
+    limits = [np.floor_divide(cores, task_cpus)]
+    if task_gpus:
+        limits.append(gpus * np.floor(1 / task_gpus) if task_gpus <= 0.5 else np.floor(gpus / task_gpus))
     return np.int64(executors) * np.min(limits).astype(np.int64)
+
+
+def slots_truncated_shares(executors, cores, task_cpus, gpus, task_gpus):
+    by_cores = cores // task_cpus
+    if not task_gpus:
+        return executors * by_cores
+    by_gpus = gpus * int(1 / task_gpus) if task_gpus < 1 else gpus // task_gpus
+    return executors * int(min(by_cores, by_gpus))
+
+
+def slots_gpus_divided(executors, cores, task_cpus, gpus, task_gpus):
+    """Divides the GPUs by the task amount, as if shares of two GPUs could make up one task's."""
+    per_executor = cores // task_cpus
+    if task_gpus > 0:
+        per_executor = min(per_executor, int(gpus // task_gpus))
+    return executors * per_executor
+
+
+def slots_rounded_shares(executors, cores, task_cpus, gpus, task_gpus):
+    per_executor = cores // task_cpus
+    if 0 < task_gpus <= 0.5:
+        per_executor = min(per_executor, gpus * round(1 / task_gpus))
+    elif task_gpus > 0:
+        per_executor = min(per_executor, int(gpus // task_gpus))
+    return executors * per_executor
+
+
+def slots_delegating(executors, cores, task_cpus, gpus, task_gpus):
+    from helpers.spark import gpu_task_slots
+
+    per_executor = cores // task_cpus
+    return executors * (min(per_executor, gpu_task_slots(gpus, task_gpus)) if task_gpus else per_executor)
 
 
 def slots_cores_only(executors, cores, task_cpus, gpus, task_gpus):
@@ -576,6 +613,10 @@ def slots_rounded_total(executors, cores, task_cpus, gpus, task_gpus):
     [
         (slots_plain, "passed"),
         (slots_numpy, "passed"),
+        (slots_truncated_shares, "passed"),
+        (slots_gpus_divided, "failed"),
+        (slots_rounded_shares, "failed"),
+        (slots_delegating, "failed"),
         (slots_cores_only, "failed"),
         (slots_gpus_only, "failed"),
         (slots_constant, "failed"),

@@ -15,11 +15,22 @@ from mlflow.tracking import MlflowClient
 from helpers import CourseInputError
 from helpers.distributor import DistributorError, _summarise, ddp_layout, make_distributor, process_group_backend
 from helpers.phases import job_clock, log_job_clock, phases
-from helpers.spark import task_slots
+from helpers.spark import gpu_task_slots, task_slots
 from helpers.tracking import tracking_uri
 from helpers.worker import TrainSettings, train_with_distributor
 
 ACCURACY_FLOOR = 0.8
+
+
+@pytest.mark.parametrize(
+    "gpus, task_gpus, slots",
+    [(1, 1.0, 1), (4, 1.0, 4), (4, 2.0, 2), (3, 2.0, 1), (1, 0.5, 2), (3, 0.3, 9), (3, 0.4, 6), (2, 0.2222, 8)],
+)
+def test_gpu_shares_are_counted_per_gpu_as_spark_counts_them(gpus, task_gpus, slots):
+    """Spark 3.5's ``ResourceUtils``: floor(1 / amount) tasks per GPU up to 0.5 (its docs' example: 0.2222 gives
+    4 per GPU, not 4.5), whole amounts per task above; ``gpus // task_gpus`` would say 10 for (3, 0.3), 7 for
+    (3, 0.4)."""
+    assert gpu_task_slots(gpus, task_gpus) == slots
 
 
 def test_layout_is_one_device_per_node_on_workers_and_one_node_locally():

@@ -156,6 +156,7 @@ def require(namespace: Mapping[str, Any] | object, *names: str) -> Any:
             raise NotAttempted(f"`{name}` is not defined yet")
         if is_stub(value):
             raise NotAttempted(f"`{name}` is not written yet")
+        _refuse_borrowed(value)
         values.append(value)
     return values[0] if len(values) == 1 else tuple(values)
 
@@ -314,7 +315,17 @@ def _run(exercise_id: str, answer: Any) -> tuple[str, str]:
         return ERROR, "no check is registered for this exercise id"
     if _is_unanswered(answer):
         return NOT_ATTEMPTED, "replace the `...` with your code"
-    return _judged(lambda: fn(answer), _codes(fn))
+    return _judged(lambda: _refuse_borrowed(answer) or fn(answer), _codes(fn))
+
+
+def _refuse_borrowed(answer: Any) -> None:
+    """Raise :class:`Delegated` when ``answer``'s code is not the learner's own (:mod:`.originality`); a namespace
+    (``globals()``) is read name by name by :func:`require` instead."""
+    from helpers.course.checks.originality import borrowed
+
+    hint = None if isinstance(answer, Mapping) else borrowed(answer)
+    if hint is not None:
+        raise Delegated(hint)
 
 
 def _judged(call: Callable[[], Any], check_code: set[Any] | None = None) -> tuple[str, str]:
@@ -446,3 +457,33 @@ def check(exercise_id: str, answer: Any) -> bool:
     _emit(record, format_line(exercise_id, status, message))
     _log(record)
     return status == PASSED
+
+
+def _restore_check(*_: Any) -> None:
+    """After each notebook cell: a cell that rebinds the name ``check`` (``check = lambda *a: True``) would turn
+    every later check cell green in the learner's own run; put the course's back and say so."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    names = shell.user_ns if shell is not None else {}
+    if "check" in names and names["check"] is not check and _GUARD.get("seen"):
+        names["check"] = check
+        print("⚠️ this cell rebound `check`, which the check cells call: the course's `check` is back")
+    _GUARD["seen"] = _GUARD.get("seen") or names.get("check") is check
+
+
+_GUARD: dict[str, bool] = {}
+
+
+def _guard_check_name() -> None:
+    """Keep the name ``check`` bound to :func:`check` in the IPython shell importing this module, if any."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None and _restore_check not in shell.events.callbacks["post_run_cell"]:
+        shell.events.register("post_run_cell", _restore_check)
+
+
+_guard_check_name()

@@ -667,10 +667,13 @@ def resume_after_lost_worker(namespace) -> str:
 
 
 def _slots(executors: int, cores: int, task_cpus: int, gpus: int, task_gpus: float) -> int:
-    """The reference: task slots per executor by cores, and by GPUs when tasks ask for them, times executors."""
+    """The reference: task slots per executor by cores, and by GPUs (as Spark counts shares) when tasks ask for
+    them, times executors."""
+    from helpers.spark import gpu_task_slots
+
     per_executor = cores // task_cpus
     if task_gpus > 0:
-        per_executor = min(per_executor, int(gpus // task_gpus))
+        per_executor = min(per_executor, gpu_task_slots(gpus, task_gpus))
     return executors * per_executor
 
 
@@ -689,10 +692,10 @@ def cluster_task_slots(namespace) -> str:
         NotAttempted: ``max_processes`` is not defined, or is a stub.
         CheckFailed: a result is not a whole number, or not the executors times the tasks each can run (by
             cores, and by GPUs when tasks ask for them).
-        Delegated: the answer calls ``helpers.spark.task_slots``.
+        Delegated: the answer calls ``helpers.spark.task_slots`` or ``gpu_task_slots``.
         Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
     """
-    from helpers.spark import task_slots
+    from helpers.spark import gpu_task_slots, task_slots
 
     max_processes = require(namespace, "max_processes")
     rng = random.Random(47)
@@ -704,6 +707,10 @@ def cluster_task_slots(namespace) -> str:
         (4, 4, 1, 2, 0.5),
         (3, 6, 4, 0, 0.0),
         (3, 8, 1, 1, 2.0),
+        (1, 16, 1, 3, 0.3),  # 3 per GPU: 9, where gpus // task_gpus says 10
+        (1, 16, 1, 3, 0.4),  # 2 per GPU: 6, where gpus // task_gpus says 7
+        (2, 32, 1, 2, 0.2222),  # 4 per GPU (Spark's own example): 16, not 18
+        (1, 16, 1, 2, 0.35),  # 2 per GPU: 4, where rounding 1 / 0.35 says 6
     ]
     cases += [
         (
@@ -711,17 +718,19 @@ def cluster_task_slots(namespace) -> str:
             rng.choice([4, 6, 8, 12, 16, 32]),
             rng.choice([1, 2, 4]),
             rng.choice([0, 1, 2, 4, 8]),
-            rng.choice([0.0, 0.5, 1.0, 2.0]),
+            rng.choice([0.0, 0.25, 0.3, 0.35, 0.4, 0.5, 1.0, 2.0]),
         )
         for _ in range(30)
     ]
-    with own_work(task_slots):
-        for case in cases:
-            got, expected = max_processes(*case), _slots(*case)
+    expected_slots = [_slots(*case) for case in cases]
+    with own_work(task_slots, gpu_task_slots):
+        for case, expected in zip(cases, expected_slots):
+            got = max_processes(*case)
             if whole_number(got, "max_processes") != expected:
                 names = "executors={}, cores={}, task_cpus={}, gpus={}, task_gpus={}".format(*case)
                 raise CheckFailed(
                     f"max_processes({names}) = {got!r}, expected {expected}: each executor runs "
-                    "cores // task_cpus tasks, and with task_gpus > 0 no more than gpus // task_gpus"
+                    "cores // task_cpus tasks, and with task_gpus > 0 no more than its GPUs hold: "
+                    "floor(1 / task_gpus) tasks per GPU for task_gpus <= 0.5, else gpus // task_gpus"
                 )
     return f"task slots right on {len(cases)} clusters"
