@@ -444,6 +444,17 @@ def restore_from_history(table_path, class_names):
     table = DeltaTable(table_path)
     for commit in table.history():
         if set(class_names) <= labels_at(table_path, commit["version"]):
+            if commit["version"] != table.version():
+                table.restore(commit["version"])
+            return commit["version"]
+    raise ValueError("no good version")
+
+
+def restore_even_the_current_version(table_path, class_names):
+    """Restores the newest version too when it is good: delta-rs refuses that."""
+    table = DeltaTable(table_path)
+    for commit in table.history():
+        if set(class_names) <= labels_at(table_path, commit["version"]):
             table.restore(commit["version"])
             return commit["version"]
     raise ValueError("no good version")
@@ -505,10 +516,27 @@ def test_1_3_right(answer):
 
 
 @pytest.mark.parametrize(
-    "answer", [restore_previous, restore_oldest_good, restore_read_only, restore_by_append, restore_hard_coded]
+    "answer",
+    [
+        restore_previous,
+        restore_oldest_good,
+        restore_read_only,
+        restore_by_append,
+        restore_hard_coded,
+        restore_even_the_current_version,
+    ],
 )
 def test_1_3_wrong(answer):
     assert verdict("1.3", answer) == "failed"
+
+
+def test_1_3_restoring_the_current_version_gets_the_hint_for_delta_rs_refusal():
+    status, message = _run("1.3", restore_even_the_current_version)
+    assert status == "failed"
+    assert message.startswith("DeltaError: ") and message.endswith(
+        "when the newest version already holds every class there is nothing to restore (delta-rs refuses to "
+        "restore the current version): return its number"
+    )
 
 
 def test_1_3_delegating():

@@ -484,10 +484,11 @@ def _without(rows: list[tuple[str, str]], name: str) -> list[tuple[str, str]]:
 def _damaged_histories(rng: random.Random) -> list[tuple[list[tuple[str, list]], int]]:
     """Histories of writes ``(mode, rows)``, each with the last version that holds every class.
 
-    Good, good append, bad overwrite, bad append (1); good, bad (0); good, bad, a smaller fix, bad again (2).
+    Good, good append, bad overwrite, bad append (1); good, bad (0); good, bad, a smaller fix, bad again (2);
+    good, bad, a fix that is the newest version (2: nothing to restore).
     """
     histories = []
-    for shape in range(3):
+    for shape in range(4):
         names = _class_names(rng, rng.randint(3, 5))
         dropped, other = rng.sample(names, 2)
         good = _rows(rng, names, rng.randint(30, 40), f"{shape}-good")
@@ -505,12 +506,9 @@ def _damaged_histories(rng: random.Random) -> list[tuple[list[tuple[str, list]],
             histories.append(([("overwrite", good), ("overwrite", _without(good, dropped))], 0))
         else:
             fixed = _rows(rng, names, rng.randint(8, 15), "fix")
-            writes = [
-                ("overwrite", good),
-                ("overwrite", _without(good, dropped)),
-                ("overwrite", fixed),
-                ("overwrite", _without(fixed, other)),
-            ]
+            writes = [("overwrite", good), ("overwrite", _without(good, dropped)), ("overwrite", fixed)]
+            if shape == 2:
+                writes.append(("overwrite", _without(fixed, other)))
             histories.append((writes, 2))
     return histories
 
@@ -530,20 +528,34 @@ def _paths(path: str, version: int | None = None) -> list[str]:
     return sorted(DeltaTable(path, version=version).to_pyarrow_table(columns=["path"])["path"].to_pylist())
 
 
+def _restoring(restore_last_good, path: str, classes: list[str], newest_is_good: bool):
+    """The answer's result; delta-rs's refusal to restore the current version becomes the hint for that case."""
+    try:
+        return restore_last_good(path, classes)
+    except Exception as error:
+        if newest_is_good and "should be less the" in str(error):
+            raise CheckFailed(
+                f"{type(error).__name__}: {error}: when the newest version already holds every class there is "
+                "nothing to restore (delta-rs refuses to restore the current version): return its number"
+            ) from None
+        raise
+
+
 @register("1.3")
 def restore_after_bad_write(restore_last_good) -> str:
     """``restore_last_good(table_path, class_names)`` makes the last version with every class current again.
 
     Args:
-        restore_last_good: the answer, run on three Delta tables the check writes (under the work directory),
-            each with a different history of good and bad writes.
+        restore_last_good: the answer, run on four Delta tables the check writes (under the work directory),
+            each with a different history of good and bad writes (in one, the newest version is good).
 
     Returns:
         The success message ``check`` shows.
 
     Raises:
         NotAttempted: ``restore_last_good`` is still a stub.
-        CheckFailed: the table has no new version; the current version does not hold exactly the last good
+        CheckFailed: the table has no new version (when a bad one is newest), or the answer tried to restore the
+            current version (when it is good); the current version does not hold exactly the last good
             version's rows; the bad versions left the history; the result is not the number of the version
             restored.
         Delegated: the answer calls ``lake.read_table``, ``lake.write_table``, ``lake.table_history`` or
@@ -564,9 +576,9 @@ def restore_after_bad_write(restore_last_good) -> str:
             good, damaged = _paths(path, good_version), _paths(path, last)
             classes = sorted({label for _, label in writes[0][1]}, key=lambda _: rng.random())
             with own_work(lake.read_table, lake.write_table, lake.table_history, lake.ingest_images):
-                restored_from = restore_last_good(path, classes)
+                restored_from = _restoring(restore_last_good, path, classes, newest_is_good=good_version == last)
             table = DeltaTable(path)
-            if table.version() <= last:
+            if table.version() <= last and good_version < last:
                 raise CheckFailed(
                     "the table has no new version: restore the good version as a new commit "
                     "(DeltaTable.restore, or write_deltalake with mode='overwrite')"
@@ -578,7 +590,7 @@ def restore_after_bad_write(restore_last_good) -> str:
                     "through the history from the newest version down"
                 )
             if _paths(path, last) != damaged:
-                raise CheckFailed("the bad versions must stay in the history: restore with a new commit")
+                raise CheckFailed("the versions in the history must stay as they were: restore with a new commit")
             got = whole_number(restored_from, "restore_last_good")
             if got != good_version:
                 raise CheckFailed(
