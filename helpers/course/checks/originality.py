@@ -117,10 +117,6 @@ def _path(code: types.CodeType) -> str:
     return code.co_filename if code.co_filename.startswith("<") else str(Path(code.co_filename).resolve())
 
 
-def _in_course(fn: types.FunctionType) -> bool:
-    return _path(fn.__code__).startswith(_COURSE)
-
-
 def _learners(fn: types.FunctionType) -> bool:
     """Written in a notebook or another file of the learner's, not in the course's package or a library."""
     return not _path(fn.__code__).startswith(("<frozen", _COURSE, *_INTERPRETER))
