@@ -10,10 +10,12 @@ import gc
 import io
 import itertools
 import math
+from contextlib import contextmanager
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from deltalake import DeltaTable, write_deltalake
 from petastorm import TransformSpec
 from petastorm.pytorch import BatchedDataLoader
@@ -413,6 +415,31 @@ def shard_closed_loader(converter, spec, shard, shard_count, batch_size):
         return loader
 
 
+def shard_own_spec(converter, spec, shard, shard_count, batch_size):
+    """Ignores the spec it was given for one of its own."""
+    columns = ["row_id", "label_index"]
+    own = TransformSpec(lambda pdf: pdf[columns], selected_fields=columns)
+    return converter.make_torch_dataloader(
+        batch_size=batch_size, num_epochs=1, cur_shard=shard, shard_count=shard_count, transform_spec=own
+    )
+
+
+@contextmanager
+def shard_read_all_and_keep_a_share(converter, spec, shard, shard_count, batch_size):
+    """Reads every row on every worker and keeps every shard_count-th one: disjoint and covering, but not sharded."""
+    with converter.make_torch_dataloader(batch_size=batch_size, num_epochs=1, transform_spec=spec) as loader:
+        rows = [
+            {key: batch[key][i] for key in batch}
+            for batch in loader
+            for i in range(len(batch["row_id"]))
+            if int(batch["row_id"][i]) % shard_count == shard
+        ]
+    yield [
+        {key: torch.stack([row[key] for row in rows[i : i + batch_size]]) for key in rows[0]}
+        for i in range(0, len(rows), batch_size)
+    ]
+
+
 def shard_delegating(converter, spec, shard, shard_count, batch_size):
     return loaders.make_loader(converter, batch_size, 8, shard, shard_count)
 
@@ -423,7 +450,16 @@ def test_1_8_right(answer):
 
 
 @pytest.mark.parametrize(
-    "answer", [shard_unsharded, shard_forever, shard_two_workers, shard_fixed_batch, shard_closed_loader]
+    "answer",
+    [
+        shard_unsharded,
+        shard_forever,
+        shard_two_workers,
+        shard_fixed_batch,
+        shard_closed_loader,
+        shard_own_spec,
+        shard_read_all_and_keep_a_share,
+    ],
 )
 def test_1_8_wrong(answer):
     assert verdict("1.8", answer) == "failed"

@@ -292,11 +292,17 @@ def _sample_converter():
 
 
 def _ids_spec():
-    """A TransformSpec that keeps only ``row_id`` and ``label_index`` (no decoding: the shard checks need ids)."""
+    """A TransformSpec that keeps only ``row_id`` and ``label_index`` (no decoding: the shard checks need ids) and
+    adds ``spec_mark`` (``2 * row_id + 1``), which only this spec makes: a loader that ignores it has none."""
+    import numpy as np
     from petastorm import TransformSpec
 
     columns = ["row_id", "label_index"]
-    return TransformSpec(lambda pdf: pdf[columns], selected_fields=columns)
+    return TransformSpec(
+        lambda pdf: pdf[columns].assign(spec_mark=pdf["row_id"] * 2 + 1),
+        edit_fields=[("spec_mark", np.int64, (), False)],
+        selected_fields=[*columns, "spec_mark"],
+    )
 
 
 def _opened(loader_or_context):
@@ -410,12 +416,21 @@ def own_transform_spec(transform_spec) -> str:
 def _read_shard(shard_loader, converter, shard: int, shard_count: int, batch_size: int) -> list[int]:
     """The row ids one shard yields (reading at most a little more than the whole data set)."""
     limit = SAMPLE_ROWS // batch_size + 2
+    converter = _CountingConverter(converter)
     with own_work(loaders.make_loader, loaders.PetastormBatches, loaders.prepare_data):
         try:
             with _opened(shard_loader(converter, _ids_spec(), shard, shard_count, batch_size)) as loader:
-                batches = [batch["row_id"].tolist() for batch in itertools.islice(loader, limit)]
+                read = list(itertools.islice(loader, limit))
         except (TypeError, ValueError, RuntimeError) as error:
             raise CheckFailed(_loader_hint(error)) from error
+    if any("spec_mark" not in batch or (batch["spec_mark"] != batch["row_id"] * 2 + 1).any() for batch in read):
+        raise CheckFailed("the batches are not what the given spec makes: pass transform_spec=spec to the loader")
+    if converter.calls and not any(call.get("shard_count") == shard_count for call in converter.calls):
+        raise CheckFailed(
+            "your loader reads every row and keeps its share: pass cur_shard and shard_count to "
+            "make_torch_dataloader, so that Petastorm reads only this worker's row groups"
+        )
+    batches = [batch["row_id"].tolist() for batch in read]
     sizes = [len(ids) for ids in batches]
     if any(size != batch_size for size in sizes[:-1]) or (sizes and sizes[-1] > batch_size):
         raise CheckFailed(f"batch sizes {sizes} for batch_size={batch_size}: pass batch_size to the loader")
@@ -644,14 +659,17 @@ def converter_for_devices(to_converter) -> str:
 
 
 class _CountingConverter:
-    """A converter that counts the loaders opened through it (an epoch must not open a new one)."""
+    """A converter that counts the loaders opened through it (an epoch must not open a new one) and keeps the
+    keyword arguments of each (``cur_shard``, ``shard_count`` and the other reader options are keywords only)."""
 
     def __init__(self, converter) -> None:
         self._converter = converter
         self.opened = 0
+        self.calls: list[dict] = []
 
     def make_torch_dataloader(self, *args, **kwargs):
         self.opened += 1
+        self.calls.append(kwargs)
         return self._converter.make_torch_dataloader(*args, **kwargs)
 
     def __getattr__(self, name: str):
