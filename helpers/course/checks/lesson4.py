@@ -198,7 +198,8 @@ def _check_runs(uri: str, launchers: list[str], seed: int) -> Iterator[tuple[dic
                     "val_loss": rng.uniform(0.05, 2.5),
                     "val_acc": rng.uniform(0.1, 0.99),
                 }
-                for key, value in values.items():
+                others = {"train_loss_epoch": rng.uniform(0.05, 2.5), "epoch": float(step)}  # as a real run has
+                for key, value in {**values, **others}.items():
                     client.log_metric(run_id, key, value, step=step)
             last[launcher] = values
             client.set_terminated(run_id)
@@ -222,7 +223,7 @@ def launcher_comparison(namespace) -> str:
 
     Raises:
         NotAttempted: ``launcher_table`` is not defined, or is a stub.
-        CheckFailed: the table's index is not the launchers; a column of ``TABLE_COLUMNS`` is missing; a value
+        CheckFailed: the table's index is not the launchers; its columns are not exactly ``TABLE_COLUMNS``; a value
             is not its run's last value of the metric.
         Delegated: the answer calls ``helpers.analysis.runs_table`` or ``helpers.tracking.metric_history``.
         Exception: any other error from the answer or from using what it returned, unchanged (``check`` shows
@@ -248,9 +249,15 @@ def _compare_table(table, launchers: list[str], last: dict[str, dict[str, float]
             f"for runs of {launchers} the table's index is {None if index is None else list(index)}: "
             "one row per launcher, named by the keys of run_ids"
         )
+    missing = [column for column in TABLE_COLUMNS if column not in table.columns]
+    if missing:
+        raise CheckFailed(f"the table has no {missing[0]!r} column (columns: {list(table.columns)})")
+    extra = [str(column) for column in table.columns if column not in TABLE_COLUMNS]
+    if extra:
+        raise CheckFailed(
+            f"the table also has {extra}: keep only {list(TABLE_COLUMNS)}, the columns the comparison reads"
+        )
     for column in TABLE_COLUMNS:
-        if column not in table.columns:
-            raise CheckFailed(f"the table has no {column!r} column (columns: {list(table.columns)})")
         for launcher in launchers:
             got, expected = table.loc[launcher, column], last[launcher][column]
             if not close(got, expected, rel=1e-6):
