@@ -319,10 +319,53 @@ def ddp_train_own_trainer(train_converter, val_converter, class_count, settings,
         enable_progress_bar=False,
         **layout,
     )
-    trainer.fit(LitClassificationModel(class_count, image_size=settings.image_size), datamodule=data)
+    model = LitClassificationModel(
+        class_count, learning_rate=settings.learning_rate * int(env["WORLD_SIZE"]), image_size=settings.image_size
+    )
+    trainer.fit(model, datamodule=data)
     if trainer.global_rank == 0:
         return {"val_loss": float(trainer.callback_metrics["val_loss"])}
     return None
+
+
+def _env_layout_variant(**changes):
+    """``ddp_train_env_layout`` with one thing done wrong: ``changes`` replaces what it passes or returns."""
+
+    def answer(train_converter, val_converter, class_count, settings, local_mode):
+        import os
+
+        from helpers.datamodule import PetastormDataModule
+        from helpers.model import LitClassificationModel
+        from helpers.training import train
+
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        per_node = int(os.environ["LOCAL_WORLD_SIZE"])
+        rate = changes.get("learning_rate", settings.learning_rate * world_size)
+        model = LitClassificationModel(class_count, learning_rate=rate, image_size=settings.image_size)
+        batch = changes.get("batch_size", settings.batch_size)
+        data = PetastormDataModule(
+            train_converter, val_converter, batch, settings.image_size, device_id=rank, device_count=world_size
+        )
+        result = train(
+            model,
+            data,
+            max_epochs=changes.get("max_epochs", settings.max_epochs),
+            accelerator="gpu" if settings.use_gpu else "cpu",
+            devices=per_node,
+            num_nodes=world_size // per_node,
+            strategy="ddp",
+            default_dir=settings.default_dir,
+            progress_bar=False,
+        )
+        return result if rank == 0 or changes.get("every_rank_returns") else None
+
+    return answer
+
+
+ddp_train_unscaled_rate = _env_layout_variant(learning_rate=0.01)
+ddp_train_own_epochs = _env_layout_variant(max_epochs=1)
+ddp_train_own_batch = _env_layout_variant(batch_size=32)
+ddp_train_every_rank_returns = _env_layout_variant(every_rank_returns=True)
 
 
 def ddp_train_delegated(train_converter, val_converter, class_count, settings, local_mode):
@@ -440,6 +483,10 @@ def ddp_namespace(spark, small_data):
         (ddp_train_hard_coded, "failed"),
         (ddp_train_distributed_layout_only, "failed"),
         (ddp_train_same_shard, "failed"),
+        (ddp_train_unscaled_rate, "failed"),
+        (ddp_train_own_epochs, "failed"),
+        (ddp_train_own_batch, "failed"),
+        (ddp_train_every_rank_returns, "failed"),
     ],
 )
 def test_4_3_training_function(ddp_namespace, answer, expected):

@@ -328,6 +328,9 @@ def _recorded_fits(records: list[dict[str, Any]], stop: bool) -> Iterator[None]:
                 "strategy": type(trainer.strategy).__name__,
                 "gpu": isinstance(trainer.accelerator, CUDAAccelerator),
                 "shard": [getattr(data, "device_id", None), getattr(data, "device_count", None)],
+                "max_epochs": trainer.max_epochs,
+                "batch_size": getattr(data, "batch_size", None),
+                "learning_rate": getattr(model, "learning_rate", None),
             }
         )
         if stop:
@@ -377,8 +380,11 @@ def _torchrun_env(rank: int, world_size: int, local_mode: bool) -> Iterator[None
         rank_zero.rank_zero_only.rank, fabric_rank_zero.rank_zero_only.rank = saved_ranks
 
 
-def _judge_fit(records: list[dict[str, Any]], rank: int, world_size: int, local_mode: bool, use_gpu: bool) -> None:
-    """The first Trainer of ``rank``: the layout for the mode, DDP, this rank's shard, the right accelerator."""
+def _judge_fit(
+    records: list[dict[str, Any]], rank: int, world_size: int, local_mode: bool, use_gpu: bool, settings: Any = None
+) -> None:
+    """The first Trainer of ``rank``: the layout for the mode, DDP, this rank's shard, the right accelerator, and
+    (for ``settings``) the epochs, batch size and scaled learning rate asked for."""
     where = f"rank {rank} of {world_size} {'on one node (local mode)' if local_mode else 'on the workers'}"
     if not records:
         raise CheckFailed(f"{where}: your function never fits a Trainer: call train(...) or trainer.fit(...)")
@@ -402,6 +408,30 @@ def _judge_fit(records: list[dict[str, Any]], rank: int, world_size: int, local_
             f"{where}: the Trainer runs on the {'GPU' if fit['gpu'] else 'CPU'} but settings.use_gpu="
             f"{use_gpu}: accelerator='gpu' if settings.use_gpu else 'cpu'"
         )
+    if settings is not None:
+        _judge_settings(fit, settings, where, world_size)
+
+
+def _judge_settings(fit: dict[str, Any], settings: Any, where: str, world_size: int) -> None:
+    """The Trainer uses the settings it was given: epochs, batch size, and the learning rate scaled by the world
+    size (a model without a ``learning_rate`` attribute is not judged on it)."""
+    if fit["max_epochs"] != settings.max_epochs:
+        raise CheckFailed(
+            f"{where}: the Trainer runs {fit['max_epochs']} epochs, settings.max_epochs is "
+            f"{settings.max_epochs}: pass max_epochs=settings.max_epochs"
+        )
+    if fit["batch_size"] is not None and fit["batch_size"] != settings.batch_size:
+        raise CheckFailed(
+            f"{where}: the datamodule's batch is {fit['batch_size']}, settings.batch_size is "
+            f"{settings.batch_size}: each process takes settings.batch_size rows per step"
+        )
+    scaled = settings.learning_rate * world_size
+    if fit["learning_rate"] is not None and not close(fit["learning_rate"], scaled, rel=1e-9):
+        raise CheckFailed(
+            f"{where}: the model's learning rate is {fit['learning_rate']!r}, expected settings.learning_rate x "
+            f"WORLD_SIZE = {scaled:g}: the global batch is WORLD_SIZE times larger, so scale the rate as Horovod's "
+            "strategy did"
+        )
 
 
 def _simulated(answer, args: tuple, rank: int, world_size: int, local_mode: bool) -> None:
@@ -413,7 +443,7 @@ def _simulated(answer, args: tuple, rank: int, world_size: int, local_mode: bool
                 answer(*args, local_mode=local_mode)
         except _FitStopped:
             pass
-    _judge_fit(records, rank, world_size, local_mode, use_gpu=False)
+    _judge_fit(records, rank, world_size, local_mode, use_gpu=False, settings=args[3])
 
 
 def run_recorded(answer, record_dir: str, *args: Any, **kwargs: Any) -> Any:
@@ -487,6 +517,12 @@ def _judge_reports(reports: dict[int, dict[str, Any]], workers: int, use_gpu: bo
         _judge_fit(reports.get(rank, {}).get("fits", []), rank, workers, False, use_gpu)
     if not reports[0]["returned"]:
         raise CheckFailed("rank 0 returned None: return train's result (or what you want back) on rank 0")
+    also = sorted(rank for rank, report in reports.items() if rank != 0 and report.get("returned"))
+    if also:
+        raise CheckFailed(
+            f"rank(s) {also} returned a result too: return it on rank 0 only (None elsewhere); run() keeps rank "
+            "0's and drops the others"
+        )
 
 
 @register("4.3")
@@ -495,7 +531,8 @@ def ddp_training_function(namespace) -> str:
 
     Called here under a simulated ``torchrun`` environment (other world sizes, both modes, stopped at ``fit``),
     then run for real on the notebook's workers for one epoch; the Trainer's layout, strategy, accelerator and
-    shard are recorded in each process, and rank 0 must return something.
+    shard are recorded in each process (and, for the simulated ranks, which get settings of their own, the
+    epochs, batch size and learning rate), and rank 0 alone must return something.
 
     Args:
         namespace: the notebook's ``globals()``, holding ``ddp_train``, ``train_converter``, ``val_converter``,
@@ -508,9 +545,10 @@ def ddp_training_function(namespace) -> str:
     Raises:
         NotAttempted: one of those names is not defined, or ``ddp_train`` is a stub.
         CheckFailed: ``WORKERS`` is not a whole number; a simulated or real rank never fits a Trainer, or fits
-            one with the wrong ``devices``/``num_nodes``, a strategy other than DDP, another shard, or the wrong
-            accelerator; the job on the workers failed (the hint gives a failed rank's error); rank 0 returned
-            None.
+            one with the wrong ``devices``/``num_nodes``, a strategy other than DDP, another shard, the wrong
+            accelerator, or other epochs, batch size or (unscaled) learning rate than ``settings`` asks; the job
+            on the workers failed (the hint gives a failed rank's error); rank 0 returned None, or another rank
+            returned something.
         Delegated: the answer calls one of the course's training helpers (``helpers.worker``'s
             ``train_process``, ``launch_training``, ``train_hvd``, ``train_with_distributor``;
             ``helpers.distributor``'s ``run_with_distributor``, ``ddp_layout``, ``make_distributor``).
@@ -526,7 +564,14 @@ def ddp_training_function(namespace) -> str:
         max_epochs=1, mlflow_experiment=None, ckpt_restore=None, default_dir=str(check_dir), run_name=None
     )
     rng = random.Random(45)
-    cpu = quick.replace(use_gpu=False, mixed_precision=False)
+    # the simulated ranks stop at fit: settings of their own show whether the answer uses the ones it is given
+    cpu = quick.replace(
+        use_gpu=False,
+        mixed_precision=False,
+        max_epochs=rng.randint(2, 5),
+        batch_size=rng.randint(5, 13),
+        learning_rate=rng.choice([0.003, 0.007, 0.03]),
+    )
     args = (train_converter, val_converter, len(class_names), cpu)
     for local_mode, world_size in ((True, rng.randint(3, 4)), (False, rng.randint(3, 6))):
         for rank in (0, world_size - 1):
