@@ -321,6 +321,10 @@ def pin_device_strings(use_gpu):
     return "cpu"
 
 
+def pin_device_not_current(use_gpu):
+    return torch.device("cuda", hvd.local_rank()) if use_gpu else torch.device("cpu")
+
+
 def pin_device_global_rank(use_gpu):
     return torch.device(f"cuda:{hvd.rank()}") if use_gpu else torch.device("cpu")
 
@@ -329,7 +333,16 @@ def pin_device_helper(use_gpu):
     return device_for_local_rank(hvd.local_rank(), use_gpu)
 
 
-def by_hand(scale=True, broadcast_state=True, save_on_all=False, log_on_all=False, shard=True, wrap_last=False):
+def by_hand(
+    scale=True,
+    broadcast_state=True,
+    save_on_all=False,
+    log_on_all=False,
+    shard=True,
+    wrap_last=False,
+    set_epoch=True,
+    log_each_epoch=True,
+):
     """A ``train_by_hand`` following the lesson's recipe, with one step left out or wrong by a flag."""
 
     def train_by_hand(
@@ -358,13 +371,14 @@ def by_hand(scale=True, broadcast_state=True, save_on_all=False, log_on_all=Fals
             mlflow.set_experiment(experiment)
             mlflow.start_run()
         for epoch in range(epochs):
-            sampler.set_epoch(epoch)
+            if set_epoch:
+                sampler.set_epoch(epoch)
             for batch in loader:
                 loss = F.cross_entropy(network(batch["features"].to(device)), batch["label_index"].to(device))
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
-            if logs:
+            if logs and (log_each_epoch or epoch == epochs - 1):
                 mlflow.log_metric("train_loss", loss.item(), step=epoch)
         if save_on_all or hvd.rank() == 0:
             os.makedirs(os.path.dirname(checkpoint_path), exist_ok=True)
@@ -446,6 +460,9 @@ WRONG_35 = {
     "not-sharded": (namespace_35(by_hand(shard=False)), "shard"),
     "global-rank-device": (namespace_35(by_hand(), pin_device_global_rank), "local_rank"),
     "device-helper": (namespace_35(by_hand(), pin_device_helper), "write it yourself"),
+    "device-not-made-current": (namespace_35(by_hand(), pin_device_not_current), "torch.cuda.set_device"),
+    "no-set-epoch": (namespace_35(by_hand(set_epoch=False)), "sampler.set_epoch"),
+    "loss-logged-once": (namespace_35(by_hand(log_each_epoch=False)), "once per epoch"),
 }
 
 

@@ -596,7 +596,7 @@ def _probe_pin_device(pin_device, hvd) -> dict[str, Any]:
         torch.cuda.is_available, torch.cuda.device_count, torch.cuda.set_device, hvd.local_rank = saved
     set_to = [torch.device(d).index if not isinstance(d, int) else d for d in pinned]
     index = gpu.index if gpu.index is not None else (set_to[-1] if set_to else None)
-    return {"cpu": cpu.type, "gpu": gpu.type, "index": index, "expected": local}
+    return {"cpu": cpu.type, "gpu": gpu.type, "index": index, "expected": local, "set": set_to[-1] if set_to else None}
 
 
 def _by_hand_job(pin_device, train_by_hand, settings: dict[str, Any]) -> dict[str, Any]:
@@ -634,7 +634,7 @@ def _by_hand_job(pin_device, train_by_hand, settings: dict[str, Any]) -> dict[st
                 network=network,
                 dataset=dataset,
                 base_lr=settings["base_lr"],
-                epochs=1,
+                epochs=settings["epochs"][call],
                 batch_size=settings["batch_size"],
                 checkpoint_path=str(folder / f"node-{rank}" / "checkpoint.pt"),
                 experiment=f"{settings['experiment']}-{call}",
@@ -665,12 +665,25 @@ def _pin_problem(probes: list[dict[str, Any]]) -> str | None:
                 f"with GPUs, rank {rank} (local rank {probe['expected']}) got {probe['gpu']}:{probe['index']}: "
                 "pin cuda:<hvd.local_rank()> (torch.cuda.set_device) for one GPU per process"
             )
+        if probe["set"] != probe["expected"]:
+            return (
+                f"with GPUs, rank {rank} did not make cuda:{probe['expected']} the current device: call "
+                "torch.cuda.set_device(device), or CUDA calls without a device (and NCCL) use GPU 0 on every rank"
+            )
     return None
 
 
-def _by_hand_shard_problem(folder: Path, processes: int, rows: int) -> str | None:
-    """Why the ranks did not each read their own part of the data in the first (one-epoch) training, or None."""
-    reads = [set(_reads(folder / f"reads-fresh-{rank}.txt")) for rank in range(processes)]
+def _epoch_reads(folder: Path, rank: int, epochs: int) -> list[list[int]]:
+    """The rows ``rank`` read in each epoch of the fresh training, in order."""
+    reads = _reads(folder / f"reads-fresh-{rank}.txt")
+    per_epoch = len(reads) // epochs
+    return [reads[i * per_epoch : (i + 1) * per_epoch] for i in range(epochs)]
+
+
+def _by_hand_shard_problem(folder: Path, processes: int, rows: int, epochs: int) -> str | None:
+    """Why the ranks did not each read their own part of the data in the first epoch of the fresh training (a
+    sampler that reshuffles gives each rank other rows in the next), or None."""
+    reads = [set(_epoch_reads(folder, rank, epochs)[0]) for rank in range(processes)]
     share = math.ceil(rows / processes)
     if not all(reads):
         return f"rank {[bool(r) for r in reads].index(False)} read no data: iterate a DataLoader over the dataset"
@@ -682,6 +695,18 @@ def _by_hand_shard_problem(folder: Path, processes: int, rows: int) -> str | Non
     shared = sum(len(r) for r in reads) - len(set().union(*reads))
     if shared > processes - 1:
         return "the ranks read the same rows: shard by hvd.rank() and hvd.size()"
+    return None
+
+
+def _reshuffle_problem(folder: Path, processes: int, epochs: int) -> str | None:
+    """Why every epoch of the fresh training read each rank's rows in the same order, or None."""
+    for rank in range(processes):
+        orders = _epoch_reads(folder, rank, epochs)
+        if len(orders[0]) > 1 and all(order == orders[0] for order in orders):
+            return (
+                f"rank {rank} read its rows in the same order in all {epochs} epochs: shuffle anew every epoch "
+                "(DistributedSampler does once you call sampler.set_epoch(epoch) at the start of each)"
+            )
     return None
 
 
@@ -752,12 +777,13 @@ def _checkpoint_problem(folder: Path, keys: list[str], weights: list[float], exp
     return None
 
 
-def _mlflow_problem(uri: str, experiments: list[str]) -> str | None:
-    """Why the experiments do not hold exactly one run each with a metric, or None."""
+def _mlflow_problem(uri: str, epochs: dict[str, int]) -> str | None:
+    """Why the experiments (``{name: epochs trained}``) do not hold exactly one run each with a metric logged once
+    per epoch, or None."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
-    for name in experiments:
+    for name in epochs:
         runs = client.search_runs([client.get_experiment_by_name(name).experiment_id])
         if not runs:
             return (
@@ -768,6 +794,13 @@ def _mlflow_problem(uri: str, experiments: list[str]) -> str | None:
             return f"{len(runs)} MLflow runs for one training: log on rank 0 only"
         if not runs[0].data.metrics:
             return "the MLflow run has no metrics: log the training loss every epoch (mlflow.log_metric)"
+        histories = [client.get_metric_history(runs[0].info.run_id, key) for key in runs[0].data.metrics]
+        counts = sorted({len(history) for history in histories})
+        if epochs[name] not in counts:
+            return (
+                f"a training of {epochs[name]} epoch(s) logged its metrics {counts} time(s): log the training loss "
+                "once per epoch (mlflow.log_metric(..., step=epoch))"
+            )
     return None
 
 
@@ -783,7 +816,11 @@ def _new_experiments(uri: str, base: str, folder: Path) -> None:
 def _by_hand_problem(seen: dict[str, Any], folder: Path, settings: dict[str, Any]) -> str | None:
     """The first migration step that ``_by_hand_job``'s observations show missing or wrong, or None."""
     fresh, resumed = seen["calls"]
-    problem = _pin_problem(seen["pin"]) or _by_hand_shard_problem(folder, CHECK_PROCESSES, settings["rows"])
+    problem = (
+        _pin_problem(seen["pin"])
+        or _by_hand_shard_problem(folder, CHECK_PROCESSES, settings["rows"], settings["epochs"]["fresh"])
+        or _reshuffle_problem(folder, CHECK_PROCESSES, settings["epochs"]["fresh"])
+    )
     if problem:
         return problem
     if _spread(fresh["after"]) > SYNCED:
@@ -791,9 +828,9 @@ def _by_hand_problem(seen: dict[str, Any], folder: Path, settings: dict[str, Any
     if fresh["after"][0] == fresh["before"]:
         return "the network's weights did not change: train it in place for `epochs` epochs"
     expected_lr = settings["base_lr"] * CHECK_PROCESSES
-    experiments = [f"{settings['experiment']}-{call}" for call in ("fresh", "resumed")]
+    epochs = {f"{settings['experiment']}-{call}": count for call, count in settings["epochs"].items()}
     problem = _checkpoint_problem(folder, seen["keys"], resumed["after"][0], expected_lr) or _mlflow_problem(
-        settings["tracking_uri"], experiments
+        settings["tracking_uri"], epochs
     )
     if problem:
         return problem
@@ -844,6 +881,7 @@ def horovod_by_hand(namespace) -> str:
         "classes": int(rng.integers(3, 7)),
         "batch_size": int(rng.integers(6, 10)),
         "base_lr": float(rng.uniform(0.005, 0.02)),
+        "epochs": {"fresh": 2, "resumed": 1},
         "experiment": f"check-3.4-{folder.name}",
         "tracking_uri": uri,
     }
