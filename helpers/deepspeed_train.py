@@ -3,7 +3,8 @@
 The distributor starts ``python -m torch.distributed.run ... deepspeed_train.py --job JOB --deepspeed
 --deepspeed_config CONFIG`` (see :mod:`helpers.deepspeed_launcher`). :func:`main` loads the job's call from the job
 folder (a :class:`helpers.jobs.WorkerCall` around the training function, made on the driver) and runs it with the
-config's path; every process leaves its process group cleanly, the job's last collective.
+config's path; every process leaves its process group cleanly, the job's last collective, and ends without the
+interpreter's teardown (see :func:`_exit_without_teardown`).
 
 :func:`train_zero` is the training function: Lightning's DeepSpeed strategy runs on CUDA GPUs only, so on the CPU
 it is a plain PyTorch loop around ``deepspeed.initialize``: ``engine(features)``, ``engine.backward(loss)``,
@@ -307,6 +308,17 @@ def _leave_process_group() -> None:
         dist.destroy_process_group()
 
 
+def _exit_without_teardown() -> None:
+    """End the process now that its work is done and recorded, without the interpreter's teardown: there DeepSpeed's
+    and torch's C++ objects are destroyed in no fixed order, and under load about one ZeRO stage 3 job in ten had a
+    rank abort there ("terminate called without an active exception", no Python frame left on the main thread),
+    which torchrun reports as a failed job although every rank had finished (as ``multiprocessing``'s children do,
+    the process ends with ``os._exit``)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the job's call in this process (what ``python deepspeed_train.py --job JOB ...`` does).
 
@@ -333,6 +345,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     call, kwargs = cloudpickle.loads((Path(args.job) / CALL_FILE).read_bytes())
     call(deepspeed_config=args.deepspeed_config, **kwargs)
     _leave_process_group()
+    _exit_without_teardown()
 
 
 if __name__ == "__main__":
