@@ -82,6 +82,15 @@ def _repair_launcher_env(driver_values: dict[str, str | None]) -> None:
 _NAME_ARGUMENT = {"_allreduce_async": 2, "_allgather_async": 2, "_broadcast_async": 3, "_reducescatter_async": 2}
 
 
+def _said(name: str) -> str:
+    """A collective's name as a stall message says it: ``hvd.allgather_object(obj, name)`` gathers in two steps
+    named ``NAME.sz`` and ``NAME.t`` (NAME defaults to the object's type: ``list.sz``), which say the call instead."""
+    base, dot, step = name.rpartition(".")
+    if dot and step in ("sz", "t"):
+        return base if " " in base else f"hvd.allgather_object of a {base}"
+    return name
+
+
 def _watch_collectives(watch: CollectiveWatch) -> None:
     """Tell ``watch`` when this process waits in a Horovod collective, and in which (its tensor's name).
 
@@ -99,7 +108,7 @@ def _watch_collectives(watch: CollectiveWatch) -> None:
         def started(*args, **kwargs):
             handle = start(*args, **kwargs)
             name = kwargs.get("name", args[position] if len(args) > position else None)
-            names[handle] = name or f"an unnamed {function_name.strip('_').split('_')[0]}"
+            names[handle] = _said(name) if name else f"an unnamed {function_name.strip('_').split('_')[0]}"
             return handle
 
         return started

@@ -17,7 +17,7 @@ from matplotlib.patches import Patch
 from matplotlib.text import Text
 from PIL import Image
 
-from helpers.course import build, pages
+from helpers.course import build, pages, run_times
 from helpers.course.diagrams import DIAGRAMS
 
 SOLUTIONS = build.solution_notebooks()
@@ -87,23 +87,47 @@ def test_a_stale_diagram_or_time_is_reported_and_refreshed():
     nb = build.read_notebook(path)
     cell = next(c for c in nb.cells if "diagram" in c.metadata.get("course", {}))
     cell.metadata["course"]["source"] = "drawn-by-another"
-    nb.metadata["course"][pages.RUN_SECONDS] = 300
+    nb.metadata["course"][run_times.WARM] = 300
     found = build.problems(nb, path.stem)
     assert any("out of date with helpers/course/diagrams.py" in problem for problem in found)
     assert any("does not state the time" in problem for problem in found)
     del cell["attachments"]
     assert any("is not what it generates" in problem for problem in pages.problems(nb, path.stem))
-    pages.update(nb)
+    pages.update(nb, {run_times.COLD: 95, run_times.WARM: 290})
     assert pages.problems(nb, path.stem) == []
-    assert "about 5 min" in next(c for c in nb.cells if c.get("id") == pages.ORIENTATION_ID).source
+    assert nb.metadata["course"][run_times.COLD] == 95
+    header = next(c for c in nb.cells if c.get("id") == pages.ORIENTATION_ID).source
+    assert "about 1.5 min the first time after `make setup` and about 5 min after that" in header
     missing = copy.deepcopy(nb)
     missing.cells = [c for c in missing.cells if "diagram" not in c.metadata.get("course", {})]
     assert any("no cell shows the diagram" in problem for problem in pages.problems(missing, path.stem))
 
 
 @pytest.mark.parametrize("seconds, said", [(17, "about 15 s"), (43, "about 45 s"), (92, "about 1.5 min")])
-def test_the_time_line_says_the_measured_time_rounded(seconds, said):
-    assert said in pages.time_line(seconds)
+def test_the_time_line_says_the_measured_times_rounded_and_the_learner_s_time(seconds, said):
+    nb = build.read_notebook(build.SOLUTIONS_DIR / "03_horovod_single_node.ipynb")
+    line = run_times.time_line(nb, seconds, 30)
+    assert line.startswith(f"**Time:** Run All takes {said} the first time after `make setup` and about 30 s after")
+    exercises = len(build.structure(nb).exercises)
+    assert f"and {exercises} exercises at about 5 min each, plan about " in line
+    assert run_times.learner_minutes(nb, 30) >= exercises * 5 + 5  # a lesson has more than a few words to read
+    assert run_times.learner_minutes(nb, 30 + 600) == run_times.learner_minutes(nb, 30) + 10
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_a_header_states_times_within_1_5x_of_the_latest_measured(path):
+    measured = run_times.recorded().get(path.name)
+    assert measured is not None, f"{path.name} has no measured times in benchmarks/course_times.json: make bench"
+    cold, warm = run_times.stated(build.read_notebook(path))
+    for said, latest in ((cold, measured[run_times.COLD]), (warm, measured[run_times.WARM])):
+        assert latest / run_times.TOLERANCE <= said <= latest * run_times.TOLERANCE, (
+            f"{path.name} states {said:.0f} s, measured {latest:.0f} s: run python -m helpers.course pages"
+        )
+
+
+def test_the_readme_states_the_course_s_totals():
+    line = run_times.readme_line([build.read_notebook(path) for path in SOLUTIONS])
+    assert line in run_times.README.read_text().splitlines(), "run python -m helpers.course pages"
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)

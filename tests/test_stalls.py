@@ -181,3 +181,21 @@ def test_stall_bound_ends_a_notebook_long_before_the_grader():
     """A stalled exercise must end inside its notebook, with its own message, well before the grader stops the
     notebook: the bound plus a job's own start and stop stays under half the grader's per-notebook timeout."""
     assert DEFAULT_STALL_TIMEOUT_S + JOB_OVERHEAD_S <= DEFAULT_TIMEOUT_S / 2
+
+
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        ("grad", "grad"),
+        ("list.sz", "hvd.allgather_object of a list"),
+        ("dict.t", "hvd.allgather_object of a dict"),
+        ("the check gathering every rank's weights.sz", "the check gathering every rank's weights"),
+        ("layer.weight", "layer.weight"),
+    ],
+)
+def test_a_stall_names_an_object_gather_by_its_call_not_its_internal_steps(name: str, said: str):
+    """``hvd.allgather_object`` gathers in two collectives, ``NAME.sz`` and ``NAME.t``: a stall in one says the call
+    (the checks name theirs), never Horovod's internal ``list.sz``."""
+    from helpers.horovod_runner import _said
+
+    assert _said(name) == said

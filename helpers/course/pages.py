@@ -6,9 +6,8 @@ GitHub alike and travels with the notebook when a student copies it (a relative 
 when the file moves). The cell's metadata ``course.diagram`` names the diagram and ``course.source`` holds the
 hash of the drawing module it was rendered from; the lesson build copies the cell as it is.
 
-**The run time**: ``metadata.course.run_seconds`` is how long Run All takes on a 2-core laptop, measured
-(``make bench``, part 4b); the header cell (id ``orientation``) states it in its ``**Time:**`` line, generated
-from that number. ``tests/test_notebooks.py`` compares it with the time the notebook takes in the test run.
+**The run time**: the header cell (id ``orientation``) states, in its ``**Time:**`` line, the Run All times
+measured by ``make bench`` and the learner's time (:mod:`helpers.course.run_times`).
 
 ``python -m helpers.course pages`` (:mod:`helpers.course.refresh`) re-renders what is out of date into
 ``solutions/`` (then run ``build``); :func:`problems` says what is out of date, and ``build`` and ``build --check``
@@ -24,22 +23,17 @@ from pathlib import Path
 
 from nbformat import NotebookNode
 
-from helpers.course import diagrams
+from helpers.course import diagrams, run_times
 
 __all__ = [
     "ORIENTATION_ID",
-    "RUN_SECONDS",
     "diagram_source",
     "problems",
     "render_png",
-    "run_seconds",
-    "time_line",
     "update",
 ]
 
 ORIENTATION_ID = "orientation"
-RUN_SECONDS = "run_seconds"
-TIME_PREFIX = "**Time:**"
 PNG = "image/png"
 
 
@@ -59,24 +53,6 @@ def render_png(diagram: diagrams.Diagram) -> bytes:
 def diagram_source(diagram: diagrams.Diagram) -> str:
     """The markdown of a diagram's cell: the image, with its description as alt text."""
     return f"![{diagram.alt}](attachment:{diagram.name}.png)"
-
-
-def run_seconds(nb: NotebookNode) -> float | None:
-    """The measured Run All time in ``metadata.course.run_seconds`` (None if missing or not a positive number)."""
-    value = nb.metadata.get("course", {}).get(RUN_SECONDS)
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value > 0 else None
-
-
-def time_line(seconds: float) -> str:
-    """The header's time line for a notebook whose Run All takes ``seconds`` on a 2-core laptop."""
-    if seconds < 90:
-        said = f"about {max(5, round(seconds / 5) * 5)} s"
-    else:
-        said = f"about {round(seconds / 30) / 2:g} min"
-    return (
-        f"{TIME_PREFIX} Run All takes {said} on a 2-core laptop (measured: `make bench`, part 4b), plus the time "
-        "you spend reading and on the exercises."
-    )
 
 
 def _diagram_cells(nb: NotebookNode) -> dict[str, NotebookNode]:
@@ -106,12 +82,12 @@ def _diagram_problems(nb: NotebookNode, name: str) -> list[str]:
 
 
 def _time_problems(nb: NotebookNode) -> list[str]:
-    seconds = run_seconds(nb)
-    if seconds is None:
-        return [f"metadata.course.{RUN_SECONDS} is missing: the measured Run All time, in seconds"]
+    times = run_times.stated(nb)
+    if times is None:
+        return [f"metadata.course.{run_times.COLD} and {run_times.WARM} are missing: the measured Run All times"]
     header = next((cell for cell in nb.cells if cell.get("id") == ORIENTATION_ID), None)
-    if header is None or time_line(seconds) not in header.source.splitlines():
-        return [f"the {ORIENTATION_ID!r} cell does not state the time generated from {RUN_SECONDS}"]
+    if header is None or run_times.time_line(nb, *times) not in header.source.splitlines():
+        return [f"the {ORIENTATION_ID!r} cell does not state the time generated from its metadata"]
     return []
 
 
@@ -148,20 +124,25 @@ def _refresh_diagrams(nb: NotebookNode) -> None:
         cell.source = diagram_source(diagram)
 
 
-def _refresh_time(nb: NotebookNode) -> None:
-    seconds = run_seconds(nb)
+def _refresh_time(nb: NotebookNode, measured: dict[str, float] | None) -> None:
+    if measured is not None:
+        nb.metadata.setdefault("course", {}).update({key: measured[key] for key in (run_times.COLD, run_times.WARM)})
+    times = run_times.stated(nb)
     header = next((cell for cell in nb.cells if cell.get("id") == ORIENTATION_ID), None)
-    if seconds is None or header is None:
+    if times is None or header is None:
         return
+    line = run_times.time_line(nb, *times)
     paragraphs = header.source.split("\n\n")  # the time line's paragraph is replaced whole, however it was wrapped
-    header.source = "\n\n".join(time_line(seconds) if p.startswith(TIME_PREFIX) else p for p in paragraphs)
+    header.source = "\n\n".join(line if p.startswith(run_times.TIME_PREFIX) else p for p in paragraphs)
 
 
-def update(nb: NotebookNode) -> None:
+def update(nb: NotebookNode, measured: dict[str, float] | None = None) -> None:
     """Re-render the stale diagrams of a solution, in place, and regenerate its header's time line.
 
     Args:
-        nb: the solution notebook; only its diagram cells and the header's time line change.
+        nb: the solution notebook; only its diagram cells, its stated times and the header's time line change.
+        measured: the notebook's latest measured times (:func:`helpers.course.run_times.recorded`), which become
+            the stated ones; None keeps those it states.
     """
     _refresh_diagrams(nb)
-    _refresh_time(nb)
+    _refresh_time(nb, measured)

@@ -1,7 +1,8 @@
 """``python -m helpers.course pages``: bring the generated parts of every solution up to date.
 
-Re-renders the diagrams that are out of date with :mod:`helpers.course.diagrams` and regenerates each header's time
-line (:mod:`helpers.course.pages`); with ``--outputs NN``, also executes those solutions once and records the outputs
+Re-renders the diagrams that are out of date with :mod:`helpers.course.diagrams`, states the latest measured run
+times (:mod:`helpers.course.run_times`) and regenerates each header's time line (:mod:`helpers.course.pages`) and
+the README's course totals; with ``--outputs NN``, also executes those solutions once and records the outputs
 that nbval compares (cells starting ``# NBVAL_CHECK_OUTPUT``) from that run. Then ``python -m helpers.course build``
 carries the changes to ``lessons/``.
 """
@@ -13,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from helpers import CourseInputError
-from helpers.course import build, pages, run
+from helpers.course import build, pages, run, run_times
 
 __all__ = ["COMPARED", "add_arguments", "command", "record_outputs", "refresh"]
 
@@ -37,7 +38,7 @@ def refresh(path: Path) -> bool:
     """
     nb = build.read_notebook(path)
     before = build.serialize(nb)
-    pages.update(nb)
+    pages.update(nb, run_times.recorded().get(path.name))
     after = build.serialize(nb)
     if after != before:
         path.write_text(after, encoding="utf-8")
@@ -108,6 +109,13 @@ def command(args: argparse.Namespace) -> int:
     notebooks = build.solution_notebooks(args.solutions)
     for path in notebooks:
         print(f"{'wrote' if refresh(path) else 'unchanged'} {build.display_path(path)}")
+    if args.solutions.resolve() == build.SOLUTIONS_DIR.resolve():
+        readme = run_times.README
+        totals = run_times.readme_line([build.read_notebook(path) for path in notebooks])
+        lines = readme.read_text(encoding="utf-8").splitlines(keepends=True)
+        text = "".join(totals + "\n" if line.startswith(run_times.README_PREFIX) else line for line in lines)
+        print(f"{'wrote' if text != readme.read_text(encoding='utf-8') else 'unchanged'} README.md")
+        readme.write_text(text, encoding="utf-8")
     for path in run.select(notebooks, args.outputs, option="--outputs") if args.outputs else []:
         print(f"{record_outputs(path)} compared outputs changed in {build.display_path(path)}")
     return 0

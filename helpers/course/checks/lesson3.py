@@ -268,7 +268,7 @@ def _shard_job(my_shard_ids, converters) -> list[list[list[int]]]:
     with own_work(*_loaded("helpers.datamodule:PetastormDataModule", "helpers.loaders:PetastormBatches")):
         ids = [[int(i) for i in my_shard_ids(converter)] for converter in converters]
     hvd.init()
-    return hvd.allgather_object(ids)
+    return hvd.allgather_object(ids, name="the check gathering every rank's shard ids")
 
 
 def _shard_problem(shards: list[list[int]], rows: int) -> str | None:
@@ -398,8 +398,8 @@ def _wrap_job(make_distributed, passes_cases: list[int]) -> list[dict[str, Any]]
                 "distributed": hasattr(distributed, "synchronize"),
                 "optimizer": type(distributed).__name__,
                 "passes": getattr(distributed, "backward_passes_per_step", None),
-                "started": hvd.allgather_object(started),
-                "weights": hvd.allgather_object(_flat_weights(model)),
+                "started": hvd.allgather_object(started, name="the check gathering every rank's start weights"),
+                "weights": hvd.allgather_object(_flat_weights(model), name="the check gathering every rank's weights"),
             }
         )
     return results
@@ -646,12 +646,14 @@ def _by_hand_job(pin_device, train_by_hand, settings: dict[str, Any]) -> dict[st
         seen["calls"].append(
             {
                 "before": before,
-                "after": hvd.allgather_object(_flat_weights(network)),
-                "steps": hvd.allgather_object(calls),
+                "after": hvd.allgather_object(_flat_weights(network), name="the check gathering every rank's weights"),
+                "steps": hvd.allgather_object(calls, name="the check gathering every rank's steps"),
             }
         )
     with own_work(device_for_local_rank):
-        seen["pin"] = hvd.allgather_object(_probe_pin_device(pin_device, hvd))
+        seen["pin"] = hvd.allgather_object(
+            _probe_pin_device(pin_device, hvd), name="the check gathering every rank's device"
+        )
     return seen
 
 
@@ -912,7 +914,8 @@ def _accuracy_job(global_accuracy, cases: list[list[tuple[int, int]]]) -> list[l
     for case in cases:
         correct, count = case[hvd.rank()]
         got = global_accuracy(correct, count)
-        results.append(hvd.allgather_object(float(got) if isinstance(got, (int, float, np.number)) else got))
+        answer = float(got) if isinstance(got, (int, float, np.number)) else got
+        results.append(hvd.allgather_object(answer, name="the check gathering every rank's answer"))
     return results
 
 

@@ -57,7 +57,8 @@ def _where_job(tag: int) -> list[dict[str, Any]]:
     hvd.init()
     marks = ("CoarseGrainedExecutorBackend", "pyspark.daemon")
     task = next((p.pid for p in psutil.Process().parents() if any(m in " ".join(p.cmdline()) for m in marks)), None)
-    return hvd.allgather_object({"rank": hvd.rank(), "size": hvd.size(), "executor": task, "tag": tag})
+    where = {"rank": hvd.rank(), "size": hvd.size(), "executor": task, "tag": tag}
+    return hvd.allgather_object(where, name="the check gathering where every rank runs")
 
 
 @register("4.1")
