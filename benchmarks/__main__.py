@@ -7,8 +7,8 @@ Parts: 1 ``loading`` (the Petastorm loaders at 32 and 224 px), 2 ``lightning``, 
 Options: ``--repeats N`` (at least 5), ``--quick`` (tiny sizes, and one repetition of part 6: checks that everything
 runs, measures nothing useful; writes to ``benchmarks/out/`` instead),
 ``--only loading,lightning,horovod,course,grading,launchers,multihost`` (default all),
-``--notebooks all|none|NAME,NAME`` (part 4: the solution notebooks to execute cold and warm; default all, which
-also records their times for the lessons' headers),
+``--notebooks all|none|NAME,NAME`` (part 4: the solution notebooks to execute cold and warm, whose times are
+recorded for the lessons' headers; default all),
 ``--class-size N`` (part 5: how many lesson-1 submissions are graded, sequentially and with ``--jobs 2``; default 20).
 A run with ``--only`` writes a report of those parts alone: merge it into ``results.md`` by hand.
 """
@@ -106,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         skipped = [n for n in available if n not in notebooks]
         if skipped:
             missing.append("4. Notebooks not executed in this run: " + ", ".join(skipped) + ".")
-        record = notebooks == available  # the stated times come from a run of the whole course
-        results += CourseBench(notebooks, BENCH_DIR / "out", args.repeats, record).run(log=log)
+        results += CourseBench(notebooks, BENCH_DIR / "out", args.repeats, record=True).run(log=log)
     if "grading" in parts:
         from benchmarks.grading import GradingBench
 

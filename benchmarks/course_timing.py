@@ -6,7 +6,7 @@ descendants (the Jupyter kernel, Spark's JVMs, Horovod and TorchDistributor work
 Two peaks are reported: the largest sum over the whole process tree at one moment (what the machine must hold),
 and the largest single process. Notebooks run with their default parameters (the embedded digits), in course order,
 each in a fresh kernel, in a fresh work folder (cold, as a learner's first Run All after ``make setup``) and then
-again in that folder (warm); a run of every notebook records both in :data:`helpers.course.run_times.RECORD`.
+again in that folder (warm); both are recorded in :data:`helpers.course.run_times.RECORD`.
 ``make setup`` runs 5 times after one unrecorded call.
 """
 
@@ -73,7 +73,7 @@ class CourseBench:
         notebooks: the solution file names to run, in course order.
         out_dir: where the executed copies and the work folder go.
         repeats: runs of the no-op ``make setup``.
-        record: write the notebooks' times to :data:`helpers.course.run_times.RECORD` (a run of every notebook).
+        record: write the notebooks' times to :data:`helpers.course.run_times.RECORD`.
     """
 
     def __init__(self, notebooks: list[str], out_dir: Path, repeats: int = MIN_REPEATS, record: bool = False) -> None:

@@ -9,6 +9,9 @@ yield them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytorch_lightning as pl
 import torch
 from torch import nn
@@ -119,9 +122,14 @@ class LitClassificationModel(pl.LightningModule):
         pretrained: see :func:`make_network`.
         freeze_backbone: see :func:`make_network`.
         image_size: the side of the images the model is exported for.
+        lr_schedule: a learning rate per optimizer step, ``lr_schedule(step) -> float`` (step counted from 0 over
+            the whole training), set before each step; it replaces ``learning_rate`` and any scaling by a strategy,
+            so it must include the world size (e.g. lesson 3's warm-up, ``scaled_learning_rate``). With an MLflow
+            run open on global rank 0, each step's rate is logged there as ``lr``. None: ``learning_rate``.
 
     Raises:
-        CourseInputError: ``learning_rate`` is not positive, or :func:`make_network` refuses the network settings.
+        CourseInputError: ``learning_rate`` is not positive, ``lr_schedule`` is not callable, or
+            :func:`make_network` refuses the network settings.
     """
 
     def __init__(
@@ -133,12 +141,16 @@ class LitClassificationModel(pl.LightningModule):
         pretrained: bool = False,
         freeze_backbone: bool = False,
         image_size: int = 32,
+        lr_schedule: Callable[[int], float] | None = None,
     ) -> None:
         super().__init__()
         if learning_rate <= 0:
             raise CourseInputError(f"learning_rate={learning_rate!r}: pass a positive number such as 1e-2.")
-        self.save_hyperparameters()
+        if lr_schedule is not None and not callable(lr_schedule):
+            raise CourseInputError(f"lr_schedule={lr_schedule!r}: pass a function of the step, or None.")
+        self.save_hyperparameters(ignore=["lr_schedule"])  # a function is no hyperparameter to record
         self.learning_rate = learning_rate
+        self.lr_schedule = lr_schedule
         self.network = make_network(class_count, backbone, pretrained, freeze_backbone)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
@@ -158,6 +170,21 @@ class LitClassificationModel(pl.LightningModule):
         loss, _ = self._loss_and_accuracy(batch)
         self.log("train_loss", loss, on_step=True, on_epoch=True, sync_dist=True, batch_size=len(batch["label_index"]))
         return loss
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """Set the learning rate of the coming optimizer step from ``lr_schedule`` (if any), and log it."""
+        if self.lr_schedule is None:
+            return
+        rate = float(self.lr_schedule(self.global_step))
+        optimizers = self.optimizers()
+        for optimizer in optimizers if isinstance(optimizers, list) else [optimizers]:
+            for group in optimizer.param_groups:
+                group["lr"] = rate
+        if self.global_rank == 0:
+            import mlflow
+
+            if mlflow.active_run() is not None:
+                mlflow.log_metric("lr", rate, step=self.global_step)
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         """Logs ``val_loss`` and ``val_acc`` per epoch, averaged over all batches and devices."""

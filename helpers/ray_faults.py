@@ -3,14 +3,16 @@
 :func:`lose_a_worker` is a training function for :func:`helpers.ray_launcher.run_with_ray`: a small linear model
 trained with DDP for ``epochs`` epochs, reporting a Ray Train checkpoint (model, optimizer, epoch) from rank 0 at the
 end of every epoch, and resuming from ``ray.train.get_checkpoint()`` when Ray Train restarts it. At the start of
-``kill_epoch``, rank ``kill_rank`` notes its process id in the job folder and SIGKILLs its own process, once per
-job: a restarted rank finds the note and trains on. Every start of a rank is noted too (rank, process id, the epoch
-it resumed after), so the run's :class:`LostWorkerRun` is measured, not told: how many times Ray Train started the
-worker group, the killed process, and the new one that replaced it.
+``kill_epoch``, once Ray Train has registered the previous epoch's checkpoint, rank ``kill_rank`` notes its process
+id in the job folder and SIGKILLs its own process, once per job: a restarted rank finds the note and trains on.
+Every start of a rank is noted too (rank, process id, the epoch it resumed after), so the run's
+:class:`LostWorkerRun` is measured, not told: how many times Ray Train started the worker group, the killed
+process, and the new one that replaced it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import tempfile
@@ -95,6 +97,31 @@ def _report(epoch: int, loss: float, model, optimizer, rank: int) -> None:
         ray.train.report({"epoch": epoch, "loss": loss}, checkpoint=checkpoint)
 
 
+def _collected(epoch: int, bound_s: float = 60.0) -> bool:
+    """Wait until Ray Train's controller has registered a checkpoint of ``epoch`` or later, at most ``bound_s``.
+
+    The controller collects the workers' reports by polling them (every 2 s) and registers a checkpoint once every
+    worker reported it, writing its checkpoint manager's snapshot to the run's storage; this reads that snapshot.
+
+    Returns:
+        Whether it did within the bound.
+    """
+    import ray.train
+
+    storage = ray.train.get_context().get_storage()
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        try:
+            with storage.storage_filesystem.open_input_stream(storage.checkpoint_manager_snapshot_path) as stream:
+                latest = json.loads(stream.read())["latest_checkpoint_result"]
+        except (OSError, ValueError, KeyError):
+            latest = None
+        if latest is not None and latest["metrics"].get("epoch", -1) >= epoch:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def _epoch(model, optimizer, features, targets, steps: int) -> float:
     """``steps`` DDP steps on this rank's rows; the mean loss over every rank."""
     import torch
@@ -118,9 +145,8 @@ def lose_a_worker(epochs: int = 3, kill_rank: int = 1, kill_epoch: int = 2, step
     Args:
         epochs: the epochs to train.
         kill_rank: the rank whose process dies (a rank that does not exist: none dies).
-        kill_epoch: the epoch at whose start it dies. A restart resumes from the latest checkpoint Ray Train's
-            controller had collected from every worker by then (it polls them every 2 s), which may be older than
-            ``kill_epoch - 1``'s.
+        kill_epoch: the epoch at whose start it dies, once Ray Train's controller has registered the checkpoint
+            of ``kill_epoch - 1`` (:func:`_collected`; at most 60 s later): a restart resumes from that one.
         steps: optimizer steps per epoch.
 
     Returns:
@@ -143,6 +169,8 @@ def lose_a_worker(epochs: int = 3, kill_rank: int = 1, kill_epoch: int = 2, step
     losses = {}
     for epoch in range(0 if resumed_after is None else resumed_after + 1, epochs):
         if rank == kill_rank and epoch == kill_epoch and not job.read_json(_KILLED):
+            if epoch > 0:  # so that a restart resumes from the last epoch's checkpoint
+                _collected(epoch - 1)
             job.write_json(_KILLED, {"rank": rank, "pid": os.getpid(), "epoch": epoch, "time": time.time()})
             os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer, or a lost machine, would
         losses[epoch] = _epoch(model, optimizer, features, targets, steps)

@@ -227,6 +227,38 @@ def test_resume_continues_the_epoch_count(digits, two_epochs, monkeypatch):
     assert {run.data.params["ckpt_restore"] for run in runs} == {"None", first.last_checkpoint}
 
 
+class _RatesSeen(pl.Callback):
+    """The learning rate the optimizer holds right before each of its steps."""
+
+    def __init__(self) -> None:
+        self.rates: list[float] = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self.rates.append(optimizer.param_groups[0]["lr"])
+
+
+def warm_up(step: int) -> float:
+    """0.01 ramped to 0.03 over 10 steps (lesson 3's warm-up for 3 processes), then held."""
+    return 0.01 + 0.02 * min(step, 10) / 10
+
+
+def test_a_learning_rate_schedule_sets_every_step_s_rate_and_logs_it(digits, work_dir):
+    seen = _RatesSeen()
+    model = LitClassificationModel(CLASS_COUNT, learning_rate=0.5, image_size=IMAGE_SIZE, lr_schedule=warm_up)
+    trainer = pl.Trainer(max_epochs=1, callbacks=[seen], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, limit_train_batches=14,
+                         limit_val_batches=0)  # fmt: skip
+    trainer.fit(model, digits)
+    assert seen.rates == pytest.approx([warm_up(step) for step in range(14)])  # 0.5 is never used
+    result = train(LitClassificationModel(CLASS_COUNT, image_size=IMAGE_SIZE, lr_schedule=warm_up), digits,
+                   max_epochs=1, mlflow_experiment="warm-up", progress_bar=False)  # fmt: skip
+    logged = metric_history(result.mlflow_run_id, "lr")
+    assert [step for step, _ in logged] == list(range(steps_per_epoch(len(digits.train_y), digits.batch_size)))
+    assert [rate for _, rate in logged] == pytest.approx([warm_up(step) for step, _ in logged])
+    with pytest.raises(CourseInputError, match=r"^lr_schedule=0\.1: pass a function of the step, or None\.$"):
+        LitClassificationModel(CLASS_COUNT, lr_schedule=0.1)
+
+
 def test_missing_checkpoint_is_refused_before_any_run(digits, work_dir):
     missing = work_dir / "nowhere" / "last.ckpt"
     with pytest.raises(CourseInputError, match="nowhere"):

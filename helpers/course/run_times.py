@@ -3,7 +3,8 @@
 **Measured** by ``make bench`` (part 4b, :mod:`benchmarks.course_timing`): right after ``make setup``, every
 solution notebook runs in course order in a fresh work folder (*cold*: the first Run All, which also pays for
 building the Delta tables, Petastorm's caches and the first imports), then all of them again in the same folder
-(*warm*: Run All once more). The figures go to :data:`RECORD` with the machine and the date.
+(*warm*: Run All once more). The figures go to :data:`RECORD` with the machine and the date; a run of some
+notebooks (``--notebooks``) replaces theirs, measured the same way (a notebook run alone prepares its own data).
 
 **Stated** in each solution's ``metadata.course`` (``cold_seconds``, ``warm_seconds``), copied from the record by
 ``python -m helpers.course pages``, which also renders the header's ``**Time:**`` line from them
@@ -61,9 +62,12 @@ def recorded(record: Path = RECORD) -> dict[str, dict[str, float]]:
 
 
 def write_record(times: dict[str, dict[str, float]], about: dict[str, Any], record: Path = RECORD) -> None:
-    """Record measured times (``about``: the machine and the date they were measured on)."""
-    rounded = {name: {key: round(value, 1) for key, value in row.items()} for name, row in times.items()}
-    record.write_text(json.dumps({"measured": about, "notebooks": rounded}, indent=1) + "\n", encoding="utf-8")
+    """Record measured times, replacing those of the same notebooks (``about``: the machine and the date, kept
+    with each notebook's times)."""
+    notebooks = recorded(record)
+    for name, row in times.items():
+        notebooks[name] = {**{key: round(value, 1) for key, value in row.items()}, **about}
+    record.write_text(json.dumps({"notebooks": notebooks}, indent=1) + "\n", encoding="utf-8")
 
 
 def stated(nb: NotebookNode) -> tuple[float, float] | None:
@@ -90,20 +94,22 @@ def _words(nb: NotebookNode) -> int:
     return len(re.findall(r"\w+", text))
 
 
+def _exercises(nb: NotebookNode) -> int:
+    """The exercises the notebook sets (its markdown's ``Exercise N.k`` headings)."""
+    text = "\n".join(cell.source for cell in nb.cells if cell.cell_type == "markdown")
+    return len(set(re.findall(r"^#+ Exercise (\d+\.\d+)", text, re.MULTILINE)))
+
+
 def learner_minutes(nb: NotebookNode, warm_seconds: float) -> int:
     """A learner's time for the lesson: reading, the exercises and a warm Run All, rounded up to 5 minutes."""
-    from helpers.course.build import structure
-
-    exercises = len(structure(nb).exercises)
+    exercises = _exercises(nb)
     minutes = _words(nb) / WORDS_PER_MINUTE + exercises * MINUTES_PER_EXERCISE + warm_seconds / 60
     return 5 * math.ceil(minutes / 5)
 
 
 def time_line(nb: NotebookNode, cold_seconds: float, warm_seconds: float) -> str:
     """The header's time line: Run All cold and warm, measured, and the learner's time with what it rests on."""
-    from helpers.course.build import structure
-
-    exercises = len(structure(nb).exercises)
+    exercises = _exercises(nb)
     work = f"{exercises} exercise{'s' * (exercises != 1)} at about {MINUTES_PER_EXERCISE} min each"
     return (
         f"{TIME_PREFIX} Run All takes {_said(cold_seconds)} the first time after `make setup` and "
