@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         skipped = [n for n in available if n not in notebooks]
         if skipped:
             missing.append("4. Notebooks not executed in this run: " + ", ".join(skipped) + ".")
-        results += CourseBench(notebooks, BENCH_DIR / "out", args.repeats, record=True).run(log=log)
+        results += CourseBench(notebooks, BENCH_DIR / "out", args.repeats).run(log=log)
     if "grading" in parts:
         from benchmarks.grading import GradingBench
 

@@ -73,12 +73,12 @@ class CourseBench:
         notebooks: the solution file names to run, in course order.
         out_dir: where the executed copies and the work folder go.
         repeats: runs of the no-op ``make setup``.
-        record: write the notebooks' times to :data:`helpers.course.run_times.RECORD`.
+
+    The notebooks' times are written to :data:`helpers.course.run_times.RECORD`.
     """
 
-    def __init__(self, notebooks: list[str], out_dir: Path, repeats: int = MIN_REPEATS, record: bool = False) -> None:
+    def __init__(self, notebooks: list[str], out_dir: Path, repeats: int = MIN_REPEATS) -> None:
         self.notebooks, self.out_dir, self.repeats = notebooks, out_dir, max(repeats, MIN_REPEATS)
-        self.record = record
 
     def setup_noop(self, log=print) -> Measurement:
         first = run_sampled(["make", "-s", "setup"])  # brings .venv/.setup-done up to date; not recorded
@@ -116,13 +116,12 @@ class CourseBench:
         work = self.out_dir / "course-work"  # fresh: the cold pass builds the tables and caches a learner's would
         shutil.rmtree(work, ignore_errors=True)
         passes = {run: {name: self.notebook(name, work, run, log) for name in self.notebooks} for run in RUNS}
-        if self.record:
-            times = {name: {COLD: passes["cold"][name]["wall_s"], WARM: passes["warm"][name]["wall_s"]}
-                     for name in self.notebooks}  # fmt: skip
-            machine = machine_info()
-            write_record(times, {"date": time.strftime("%Y-%m-%d"), "cores": machine["cores"],
-                                 "cpu_model": machine["cpu_model"]})  # fmt: skip
-            log(f"    recorded in {RECORD.relative_to(REPO)}: run `python -m helpers.course pages` to state them")
+        times = {name: {COLD: passes["cold"][name]["wall_s"], WARM: passes["warm"][name]["wall_s"]}
+                 for name in self.notebooks}  # fmt: skip
+        machine = machine_info()
+        write_record(times, {"date": time.strftime("%Y-%m-%d"), "cores": machine["cores"],
+                             "cpu_model": machine["cpu_model"]})  # fmt: skip
+        log(f"    recorded in {RECORD.relative_to(REPO)}: run `python -m helpers.course pages` to state them")
         for i, name in enumerate(self.notebooks):
             notes = []
             if i == 0:

@@ -97,14 +97,11 @@ def _report(epoch: int, loss: float, model, optimizer, rank: int) -> None:
         ray.train.report({"epoch": epoch, "loss": loss}, checkpoint=checkpoint)
 
 
-def _collected(epoch: int, bound_s: float = 60.0) -> bool:
+def _collected(epoch: int, bound_s: float = 60.0) -> None:
     """Wait until Ray Train's controller has registered a checkpoint of ``epoch`` or later, at most ``bound_s``.
 
     The controller collects the workers' reports by polling them (every 2 s) and registers a checkpoint once every
     worker reported it, writing its checkpoint manager's snapshot to the run's storage; this reads that snapshot.
-
-    Returns:
-        Whether it did within the bound.
     """
     import ray.train
 
@@ -117,9 +114,8 @@ def _collected(epoch: int, bound_s: float = 60.0) -> bool:
         except (OSError, ValueError, KeyError):
             latest = None
         if latest is not None and latest["metrics"].get("epoch", -1) >= epoch:
-            return True
+            return
         time.sleep(0.2)
-    return False
 
 
 def _epoch(model, optimizer, features, targets, steps: int) -> float:

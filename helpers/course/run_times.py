@@ -122,9 +122,9 @@ def time_line(nb: NotebookNode, cold_seconds: float, warm_seconds: float) -> str
 def readme_line(notebooks: list[NotebookNode]) -> str:
     """The README's line for the whole course: the stated Run All times and learner's times of ``notebooks``,
     summed (a notebook that states no time counts nothing)."""
-    times = [pair for pair in map(stated, notebooks) if pair is not None]
-    cold, warm = (sum(pair[i] for pair in times) / 60 for i in (0, 1))
-    learner = sum(learner_minutes(nb, pair[1]) for nb, pair in zip(notebooks, map(stated, notebooks)) if pair)
+    timed = [(nb, pair) for nb, pair in zip(notebooks, map(stated, notebooks)) if pair is not None]
+    cold, warm = (sum(pair[i] for _, pair in timed) / 60 for i in (0, 1))
+    learner = sum(learner_minutes(nb, warm_seconds) for nb, (_, warm_seconds) in timed)
     return (
         f"{README_PREFIX} Run All of every lesson takes ~{cold:.0f} min the first time after `make setup` and "
         f"~{warm:.0f} min after that on 2 cores (measured: `make bench`, part 4b); with reading and the exercises, "
