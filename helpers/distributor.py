@@ -27,11 +27,15 @@ from typing import Any
 
 from helpers import CourseInputError
 from helpers.jobs import STALL_HINT, STALL_TIMEOUT_ENV, JobError, JobFolder, ranked_call, run_job, stall_timeout_s
+from helpers.logs import drop_below_warning
 from helpers.lost_hosts import LOST_GRACE_S, ExecutorLoss
 from helpers.shared_storage import check_shared_folder
 from helpers.spark import check_gpu_per_task, configure_python_env, task_slots
 from helpers.validation import whole_number
 from helpers.workdir import work_dir
+
+# pyspark's launchers announce every start and end at INFO, in every notebook cell that trains with them
+drop_below_warning("TorchDistributor", "DeepspeedTorchDistributor")
 
 __all__ = [
     "DistributorError",

@@ -1,4 +1,5 @@
-"""Quieter libraries for a block: their loggers at another level, and back afterwards (also after an exception)."""
+"""Quieter libraries: their loggers at another level for a block, and back afterwards (also after an exception);
+or, for a library that resets its loggers' level, their records below WARNING dropped for good."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
-__all__ = ["logger_levels"]
+__all__ = ["drop_below_warning", "logger_levels"]
 
 
 @contextlib.contextmanager
@@ -24,3 +25,22 @@ def logger_levels(levels: dict[str, int]) -> Iterator[None]:
     finally:
         for name, level in saved.items():
             logging.getLogger(name).setLevel(level)
+
+
+def _warning_or_worse(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING
+
+
+def drop_below_warning(*names: str) -> None:
+    """Drop the records below WARNING of the named loggers from now on, whatever level they are set to later.
+
+    For libraries that set their logger to INFO each time they make one, as pyspark's ``TorchDistributor`` does in
+    every constructor ("Started distributed training with 2 executor processes").
+
+    Args:
+        names: the loggers, e.g. ``"TorchDistributor"``.
+    """
+    for name in names:
+        logger = logging.getLogger(name)
+        if _warning_or_worse not in logger.filters:
+            logger.addFilter(_warning_or_worse)

@@ -77,16 +77,28 @@ def _is_local_store(uri: str) -> bool:
     return urlparse(uri).scheme in ("", "file", "sqlite")
 
 
+def _uri_set_in_process() -> bool:
+    """Whether ``mlflow.set_tracking_uri`` was called in this process: MLflow keeps that URI in a module global,
+    while its public ``is_tracking_uri_set`` also counts the environment variable a process inherits."""
+    from mlflow.tracking._tracking_service import utils
+
+    return utils._tracking_uri is not None
+
+
 def resolve_uri(uri: str | None) -> str:
     """The store a helper should use when the caller may have set one up earlier.
+
+    Only a URI set in this process counts (``setup_mlflow``, ``mlflow.set_tracking_uri``), never a
+    ``MLFLOW_TRACKING_URI`` this process inherited: ``train`` writes to ``tracking_uri(None)`` in its own processes,
+    so a reader following an inherited variable would look in another store and find nothing.
 
     Args:
         uri: a URI to use as given, or None.
 
     Returns:
-        ``uri`` if given, else the URI set earlier in this process (``setup_mlflow``), else the course default.
+        ``uri`` if given, else the URI set earlier in this process, else the course default.
     """
-    if uri is None and mlflow.is_tracking_uri_set():
+    if uri is None and _uri_set_in_process():
         return mlflow.get_tracking_uri()
     return tracking_uri(uri)
 

@@ -7,13 +7,15 @@ rank 0 only.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import logging
 import re
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -268,10 +270,28 @@ def _log_and_register_model(model: pl.LightningModule, name: str) -> str:
         input_example=example.numpy(),
         signature=signature,
         serialization_format="pt2",
-        registered_model_name=name,
         pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"],
     )
-    return str(info.registered_model_version)
+    with _without_registry_news():
+        return str(mlflow.register_model(info.model_uri, name).version)
+
+
+# what MLflow's registry prints on every registration (the run records the version; a notebook needs no line for it)
+_REGISTRY_NEWS = ("Successfully registered model ", "Registered model ", "Created version ")
+
+
+@contextlib.contextmanager
+def _without_registry_news() -> Iterator[None]:
+    """Hold back the registry's announcements (:data:`_REGISTRY_NEWS`) from standard error; pass on anything else
+    written there meanwhile, such as a warning, also when the block raises."""
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    finally:
+        for line in held.getvalue().splitlines(keepends=True):
+            if not line.startswith(_REGISTRY_NEWS):
+                sys.stderr.write(line)
 
 
 @dataclass

@@ -161,6 +161,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
 
 
+@pytest.fixture(autouse=True)
+def no_exported_mlflow_uri():
+    """A test leaves ``MLFLOW_TRACKING_URI`` as it found it: ``mlflow.set_tracking_uri`` exports it, and every later
+    process of this xdist worker (a notebook's kernel, a launcher's ranks) would inherit another test's store."""
+    exported = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    if exported is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = exported
+
+
 @pytest.fixture(scope="session")
 def session_work_dir() -> Path:
     """The work directory shared by the whole test run."""

@@ -5,7 +5,10 @@ Real MLflow on a SQLite store in a temporary work directory, real Lightning trai
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import mlflow
 import pytest
@@ -24,7 +27,8 @@ from helpers.tracking import (
     setup_mlflow,
     tracking_uri,
 )
-from helpers.training import train
+from helpers.training import _without_registry_news, train
+from helpers.workdir import REPO_ROOT
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*does not have many workers"),
@@ -79,6 +83,30 @@ def test_default_store_is_sqlite_under_the_work_dir(work):
     assert tracking_uri() == f"sqlite:///{work / 'mlflow' / 'mlflow.db'}"
     assert tracking_uri("databricks") == "databricks"
     assert tracking_uri("http://mlflow.example:5000") == "http://mlflow.example:5000"
+
+
+def test_a_reader_ignores_an_inherited_tracking_uri_as_train_does(tmp_path):
+    # MLFLOW_TRACKING_URI inherited from outside (mlflow.set_tracking_uri in a parent process exports it): train's
+    # processes write to the course store, so metric_history(run, key) without a URI must read there too
+    script = (
+        "import mlflow\n"
+        "from mlflow.tracking import MlflowClient\n"
+        "from helpers.tracking import metric_history, resolve_uri, tracking_uri\n"
+        "client = MlflowClient(tracking_uri(None))\n"
+        "run = client.create_run(client.create_experiment('inherited')).info.run_id\n"
+        "client.log_metric(run, 'lr', 0.5, step=3)\n"
+        "print(metric_history(run, 'lr'))\n"
+        "mlflow.set_tracking_uri('sqlite:///' + sys.argv[1])\n"
+        "print(resolve_uri(None))\n"
+    )
+    elsewhere = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": elsewhere, "COURSE_WORK_DIR": str(tmp_path / "work")}
+    done = subprocess.run([sys.executable, "-c", "import sys\n" + script, str(tmp_path / "set-here.db")],
+                          env=env, capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    history, set_here = done.stdout.strip().splitlines()[-2:]
+    assert history == "[(3, 0.5)]"
+    assert set_here == f"sqlite:///{tmp_path / 'set-here.db'}"  # a URI set in the process itself still counts
 
 
 def test_setup_mlflow_gets_or_creates_the_experiment(work):
@@ -137,6 +165,26 @@ def test_registered_model_loads_back_and_predicts(tracked, digits):
         with torch.no_grad():
             predicted = network(digits.val_x).argmax(dim=1)
         assert (predicted == digits.val_y).float().mean() >= 0.9
+
+
+def test_registering_prints_none_of_the_registry_s_news_and_passes_on_the_rest(digits, capfd):
+    for expected in ("1", "2"):  # a new name, then a new version of it
+        result = train(
+            LitClassificationModel(CLASS_COUNT, image_size=IMAGE_SIZE),
+            digits,
+            max_epochs=1,
+            mlflow_experiment="quiet",
+            registered_model_name="quiet-classifier",
+            progress_bar=False,
+        )
+        assert result.registered_model_version == expected
+    err = capfd.readouterr().err
+    assert not [line for line in err.splitlines() if "quiet-classifier" in line], err
+    with pytest.raises(ValueError), _without_registry_news():
+        print("Created version '3' of model 'quiet-classifier'.", file=sys.stderr)
+        print("a warning the learner should see", file=sys.stderr)
+        raise ValueError("registration failed")
+    assert capfd.readouterr().err == "a warning the learner should see\n"
 
 
 def test_unknown_registered_model_is_reported():
