@@ -535,11 +535,14 @@ def accuracy_one_rank_raises(correct, count):
 
 
 @pytest.mark.slow
-def test_batched_wrong_answer_between_right_ones_gets_its_own_verdict():
+def test_batched_wrong_answer_between_right_ones_gets_its_own_verdict(capfd):
     """No bleed-over: a batch judges the wrong answer in the middle exactly as the one-answer check does (same
-    message), and the right answer after it, whose ranks start after a failed rank left the others waiting, passes."""
+    message), and the right answer after it, whose ranks start after a failed rank left the others waiting, passes.
+    The one-answer check shows the learner its hint alone, not a wall of the ranks' tracebacks before it."""
     alone = _run("3.6", accuracy_one_rank_raises)
     assert alone == ("failed", "rank 1 of 3 raised ValueError: rank 1 gave up")
+    said = capfd.readouterr()
+    assert "Traceback" not in said.out + said.err and "rank 1 gave up" not in said.out + said.err, said
     first, middle, last = check_answers("3.6", [accuracy_allreduce, accuracy_one_rank_raises, accuracy_gather])
     assert (first[0], middle, last[0]) == ("passed", alone, "passed")
 

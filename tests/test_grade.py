@@ -248,7 +248,7 @@ def probe(feedback: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_jobs_2_grades_as_sequentially_each_submission_in_its_own_folders(tmp_path):
+def test_jobs_2_grades_two_submissions_at_once_each_in_its_own_folders(tmp_path):
     submissions = tmp_path / "submissions"
     submissions.mkdir()
     for name, answers in {
@@ -259,25 +259,24 @@ def test_jobs_2_grades_as_sequentially_each_submission_in_its_own_folders(tmp_pa
         nb.cells.append(nbformat.v4.new_code_cell(ENVIRONMENT_PROBE))
         nbformat.write(nb, submissions / f"{name}__{NAME}.ipynb")
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'shared.db'}"}  # the grader's: not passed on
-    runs = {}
-    for jobs in ("1", "2"):
-        out = tmp_path / f"jobs{jobs}" / "grades.csv"
-        result = subprocess.run(
-            grade_command(submissions, out, "--jobs", jobs), capture_output=True, text=True, timeout=600, env=env
-        )
-        assert result.returncode == 0, result.stderr
-        progress = [line for line in result.stdout.splitlines() if line.startswith("[")]
-        assert sorted(line.split(" ")[0] for line in progress) == ["[1/2]", "[2/2]"]
-        assert sorted(line.split(" ")[1] for line in progress) == [f"alice__{NAME}.ipynb:", f"bob__{NAME}.ipynb:"]
-        feedback = out.parent / "grades_feedback"
-        runs[jobs] = (read_grades(out), [probe(feedback / f"{name}__{NAME}.ipynb") for name in ("alice", "bob")])
-    sequential, parallel = runs["1"], runs["2"]
-    assert parallel[0] == sequential[0]
-    assert {(row["submission"], row["exercise"], row["status"]) for row in parallel[0]} >= {
-        (f"alice__{NAME}.ipynb", "99.2", "passed"),
-        (f"bob__{NAME}.ipynb", "99.2", "failed"),
+    out = tmp_path / "grades.csv"
+    result = subprocess.run(
+        grade_command(submissions, out, "--jobs", "2"), capture_output=True, text=True, timeout=600, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    progress = [line for line in result.stdout.splitlines() if line.startswith("[")]
+    assert sorted(line.split(" ")[0] for line in progress) == ["[1/2]", "[2/2]"]
+    assert sorted(line.split(" ")[1] for line in progress) == [f"alice__{NAME}.ipynb:", f"bob__{NAME}.ipynb:"]
+    # what grading them one after another gives (test_a_class_grades_to_the_right_statuses grades such answers)
+    statuses = {f"alice__{NAME}.ipynb": ("passed", "passed", "passed"),
+                f"bob__{NAME}.ipynb": ("passed", "failed", "not attempted")}  # fmt: skip
+    assert {(row["submission"], row["exercise"], row["status"]) for row in read_grades(out)} == {
+        (submission, exercise, status)
+        for submission, row in statuses.items()
+        for exercise, status in zip(RIGHT_IDS, row)
     }
-    alice, bob = parallel[1]
+    feedback = out.parent / "grades_feedback"
+    alice, bob = [probe(feedback / f"{name}__{NAME}.ipynb") for name in ("alice", "bob")]
     assert alice["started"] < bob["ended"] and bob["started"] < alice["ended"], "--jobs 2 ran them one after another"
     assert alice["work"] != bob["work"] and alice["tmp"] != bob["tmp"]
     assert alice["mlflow"] is None and bob["mlflow"] is None

@@ -7,6 +7,8 @@ gradient accumulation. Inside the workers ``own_work`` rejects answers that hand
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
@@ -54,12 +56,15 @@ def _launch(processes: int, job, kwargs: dict[str, Any]) -> Any:
     """Run ``job(**kwargs)`` on ``processes`` local Horovod processes; rank 0's result.
 
     A worker's error becomes a :class:`CheckFailed` naming the rank and its last line (a :class:`Delegated` stays
-    one), so a crashing answer reads as a hint rather than a traceback.
+    one), so a crashing answer reads as a hint rather than a traceback. The ranks' output is held back: local
+    Horovod streams every rank's stream into the notebook, and a failing answer would put each rank's traceback
+    (and Horovod's "Process 1 exit with status code 1") above the one line the learner needs.
     """
     from helpers.horovod_runner import HorovodRunner, HorovodWorkerError
 
+    ranks_said = io.StringIO()  # Horovod's forwarding threads write to sys.stdout and sys.stderr as they are now
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), contextlib.redirect_stdout(ranks_said), contextlib.redirect_stderr(ranks_said):
             warnings.simplefilter("ignore")  # more processes than cores on a laptop is fine for a check
             return HorovodRunner(np=-processes).run(job, **kwargs)
     except HorovodWorkerError as error:
