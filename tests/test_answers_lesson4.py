@@ -91,10 +91,12 @@ def test_4_1_horovod_on_the_workers(spark, answer, expected):
 # ----------------------------------------------------------------------------------------- 4.2 TorchDistributor setup
 
 
-def distributor_plain(num_processes, use_gpu):
+def distributor_plain(workers, gpus_per_worker):
     from pyspark.ml.torch.distributor import TorchDistributor
 
-    return TorchDistributor(num_processes=num_processes, local_mode=False, use_gpu=use_gpu)
+    if gpus_per_worker > 0:
+        return TorchDistributor(num_processes=workers * gpus_per_worker, local_mode=False, use_gpu=True)
+    return TorchDistributor(num_processes=workers, local_mode=False, use_gpu=False)
 
 
 def layout_plain(num_processes, local_mode):
@@ -103,10 +105,11 @@ def layout_plain(num_processes, local_mode):
     return {"devices": 1, "num_nodes": num_processes}
 
 
-def distributor_positional(num_processes, use_gpu):
+def distributor_positional(workers, gpus_per_worker):
     from pyspark.ml.torch.distributor import TorchDistributor
 
-    return TorchDistributor(num_processes, False, bool(use_gpu))
+    processes = workers * max(gpus_per_worker, 1)
+    return TorchDistributor(processes, False, bool(gpus_per_worker))
 
 
 def layout_numpy(num_processes, local_mode):
@@ -116,10 +119,10 @@ def layout_numpy(num_processes, local_mode):
     return dict(devices=np.int64(num_processes) // nodes, num_nodes=nodes)
 
 
-def distributor_delegated(num_processes, use_gpu):
+def distributor_delegated(workers, gpus_per_worker):
     from helpers.distributor import make_distributor
 
-    return make_distributor(num_processes, use_gpu)
+    return make_distributor(workers * max(gpus_per_worker, 1), gpus_per_worker > 0)
 
 
 def layout_delegated(num_processes, local_mode):
@@ -128,16 +131,49 @@ def layout_delegated(num_processes, local_mode):
     return ddp_layout(num_processes, local_mode)
 
 
-def distributor_two(num_processes, use_gpu):
+def distributor_one_per_worker(workers, gpus_per_worker):
+    """Ignores the GPUs a worker has beyond the first."""
     from pyspark.ml.torch.distributor import TorchDistributor
 
-    return TorchDistributor(num_processes=2, local_mode=False, use_gpu=use_gpu)
+    return TorchDistributor(num_processes=workers, local_mode=False, use_gpu=gpus_per_worker > 0)
 
 
-def distributor_cpu_only(num_processes, use_gpu):
+def distributor_sum(workers, gpus_per_worker):
     from pyspark.ml.torch.distributor import TorchDistributor
 
-    return TorchDistributor(num_processes=num_processes, local_mode=False, use_gpu=False)
+    return TorchDistributor(num_processes=workers + gpus_per_worker, local_mode=False, use_gpu=gpus_per_worker > 0)
+
+
+def distributor_gpu_count_only(workers, gpus_per_worker):
+    """The GPUs of one worker, or the workers: the cluster's total is never formed."""
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    return TorchDistributor(num_processes=gpus_per_worker or workers, local_mode=False, use_gpu=gpus_per_worker > 0)
+
+
+def distributor_cpu_only(workers, gpus_per_worker):
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    return TorchDistributor(num_processes=workers * max(gpus_per_worker, 1), local_mode=False, use_gpu=False)
+
+
+def distributor_always_gpu(workers, gpus_per_worker):
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    return TorchDistributor(num_processes=workers * max(gpus_per_worker, 1), local_mode=False, use_gpu=True)
+
+
+def distributor_on_the_driver(workers, gpus_per_worker):
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    processes = workers * max(gpus_per_worker, 1)
+    return TorchDistributor(num_processes=processes, local_mode=True, use_gpu=gpus_per_worker > 0)
+
+
+def distributor_two(workers, gpus_per_worker):
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    return TorchDistributor(num_processes=2, local_mode=False, use_gpu=gpus_per_worker > 0)
 
 
 def layout_swapped(num_processes, local_mode):
@@ -151,14 +187,35 @@ def layout_swapped(num_processes, local_mode):
         (distributor_positional, layout_numpy, "passed"),
         (distributor_delegated, layout_plain, "failed"),
         (distributor_plain, layout_delegated, "failed"),
-        (distributor_two, layout_plain, "failed"),
+        (distributor_one_per_worker, layout_plain, "failed"),
+        (distributor_sum, layout_plain, "failed"),
+        (distributor_gpu_count_only, layout_plain, "failed"),
         (distributor_cpu_only, layout_plain, "failed"),
+        (distributor_always_gpu, layout_plain, "failed"),
+        (distributor_on_the_driver, layout_plain, "failed"),
+        (distributor_two, layout_plain, "failed"),
         (distributor_plain, layout_swapped, "failed"),
     ],
 )
 def test_4_2_distributor_and_layout(spark, make, layout, expected):
-    namespace = {"make_torch_distributor": make, "trainer_layout": layout, "WORKERS": 2, "USE_GPU": False}
-    assert verdict("4.2", namespace) == expected
+    assert verdict("4.2", {"make_torch_distributor": make, "trainer_layout": layout}) == expected
+
+
+def test_4_2_the_hints_name_the_cluster_and_the_rule(spark):
+    def said(make) -> str:
+        status, message = _run("4.2", {"make_torch_distributor": make, "trainer_layout": layout_plain})
+        assert status == "failed"
+        return message
+
+    assert said(distributor_sum).endswith(
+        "num_processes=2, expected 1 for 1 worker with 1 GPU each: one process per GPU (1 x 1)"
+    )
+    assert said(distributor_gpu_count_only).endswith(
+        "num_processes=4, expected 12 for 3 workers with 4 GPUs each: one process per GPU (3 x 4)"
+    )
+    assert "give each process its own GPU (use_gpu=True)" in said(distributor_cpu_only)
+    assert "there is no GPU to use (use_gpu=False)" in said(distributor_always_gpu)
+    assert "local_mode=True: that starts every process on the driver" in said(distributor_on_the_driver)
 
 
 # ----------------------------------------------------------------------------------------- 4.4 MLflow launcher table

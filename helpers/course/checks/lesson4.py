@@ -110,49 +110,78 @@ def _layout_helpers() -> tuple[Any, ...]:
     return ddp_layout, make_distributor
 
 
+def distributor_cases(seed: int = 42) -> list[tuple[int, int]]:
+    """``(workers, gpus_per_worker)`` clusters for 4.2: CPUs only, one GPU per worker, a random cluster of 3 to 6
+    workers with a different number of 3 to 8 GPUs each (no sum, count or product of the two stands in for another)
+    and one of 3 to 6 workers without GPUs."""
+    rng = random.Random(seed)
+    workers = rng.randint(3, 6)
+    gpus = rng.choice([count for count in range(3, 9) if count != workers])
+    return [(2, 0), (1, 1), (workers, gpus), (rng.randint(3, 6), 0)]
+
+
+def _judge_distributor(make_torch_distributor, workers: int, gpus: int) -> None:
+    """The TorchDistributor planned for ``workers`` workers of ``gpus`` GPUs: one process per GPU, or per worker."""
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    call = f"make_torch_distributor({workers}, {gpus})"
+    distributor = make_torch_distributor(workers, gpus)
+    if not isinstance(distributor, TorchDistributor):
+        raise CheckFailed(f"{call} returned {distributor!r}, not a TorchDistributor")
+    if distributor.local_mode:
+        raise CheckFailed(f"{call} has local_mode=True: that starts every process on the driver; the workers need "
+                          "local_mode=False")  # fmt: skip
+    machines = f"{workers} worker{'s' if workers > 1 else ''}"
+    cluster = f"{machines} with {gpus} GPU{'s' if gpus > 1 else ''} each" if gpus else f"{machines} without GPUs"
+    expected = workers * gpus if gpus else workers
+    if distributor.num_processes != expected:
+        rule = f"one process per GPU ({workers} x {gpus})" if gpus else "one process per worker"
+        raise CheckFailed(
+            f"{call} has num_processes={distributor.num_processes}, expected {expected} for {cluster}: {rule}"
+        )
+    if distributor.use_gpu != (gpus > 0):
+        raise CheckFailed(
+            f"{call} has use_gpu={distributor.use_gpu}: "
+            + ("give each process its own GPU (use_gpu=True)" if gpus else "there is no GPU to use (use_gpu=False)")
+        )
+
+
 @register("4.2")
 def torch_distributor_setup(namespace) -> str:
-    """``make_torch_distributor(num_processes, use_gpu)`` on the workers; ``trainer_layout`` for DDP under it.
+    """``make_torch_distributor(workers, gpus_per_worker)``: a job planned from the cluster it runs on;
+    ``trainer_layout`` for DDP under it.
 
     Args:
-        namespace: the notebook's ``globals()``, holding ``make_torch_distributor``, ``trainer_layout`` and
-            ``WORKERS`` (default 2); nothing is launched, and ``use_gpu=True`` is accepted on any cluster here.
+        namespace: the notebook's ``globals()``, holding ``make_torch_distributor`` and ``trainer_layout``; nothing
+            is launched, and ``use_gpu=True`` is accepted on any cluster here.
 
     Returns:
         The success message ``check`` shows.
 
     Raises:
         NotAttempted: ``make_torch_distributor`` or ``trainer_layout`` is not defined, or is a stub.
-        CheckFailed: ``WORKERS`` is not a whole number; a result is not a ``TorchDistributor`` with the
-            ``num_processes`` and ``use_gpu`` asked for and ``local_mode=False``; ``trainer_layout`` does not
-            return exactly ``devices`` and ``num_nodes`` for the mode.
+        CheckFailed: a result is not a ``TorchDistributor`` on the workers (``local_mode=False``) with one process
+            per GPU (one per worker without GPUs) and ``use_gpu`` where there are GPUs, for the clusters of
+            :func:`distributor_cases`; ``trainer_layout`` does not return exactly ``devices`` and ``num_nodes``
+            for the mode.
         Delegated: the answer calls ``helpers.distributor.ddp_layout`` or ``make_distributor``.
         Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
     """
-    from pyspark.ml.torch.distributor import Distributor, TorchDistributor
+    from pyspark.ml.torch.distributor import Distributor
 
     make_torch_distributor, trainer_layout = require(namespace, "make_torch_distributor", "trainer_layout")
     rng = random.Random(43)
-    cases = [(1, False), (_workers(namespace), True), (rng.randint(3, 9), rng.random() < 0.5)]
     # TorchDistributor checks the cluster's GPUs when it is made: let it accept use_gpu=True on any cluster here
     with own_work(*_layout_helpers()), mock.patch.object(Distributor, "_get_num_tasks", lambda d: d.num_processes):
-        for processes, use_gpu in cases:
-            distributor = make_torch_distributor(processes, use_gpu)
-            if not isinstance(distributor, TorchDistributor):
-                raise CheckFailed(
-                    f"make_torch_distributor({processes}, {use_gpu}) returned {distributor!r}, not a TorchDistributor"
-                )
-            got = (distributor.num_processes, distributor.local_mode, distributor.use_gpu)
-            if got != (processes, False, use_gpu):
-                raise CheckFailed(
-                    f"make_torch_distributor({processes}, {use_gpu}) has num_processes, local_mode, "
-                    f"use_gpu = {got}: pass num_processes and use_gpu through, local_mode=False runs "
-                    "on the workers"
-                )
+        for workers, gpus in distributor_cases():
+            _judge_distributor(make_torch_distributor, workers, gpus)
         for processes in (1, 2, rng.randint(3, 16)):
             for local_mode in (False, True):
                 _check_layout(trainer_layout, processes, local_mode)
-    return "TorchDistributor on the workers; devices=1, num_nodes=N there and devices=N, num_nodes=1 locally"
+    return (
+        "one process per GPU (or per worker) on the workers; devices=1, num_nodes=N there and devices=N, "
+        "num_nodes=1 locally"
+    )
 
 
 def _check_layout(trainer_layout, processes: int, local_mode: bool) -> None:
