@@ -124,7 +124,7 @@ def test_2_2_wrong(answer):
 class ModelLogging(LitClassificationModel):
     def training_step(self, batch, batch_idx):
         loss = F.cross_entropy(self(batch["features"]), batch["label_index"])
-        self.log("train_loss", loss, on_step=False, on_epoch=True, sync_dist=True)
+        self.log("train_loss", loss, on_step=True, on_epoch=True, sync_dist=True)
         return loss
 
     def validation_step(self, batch, batch_idx):
@@ -137,7 +137,7 @@ class ModelLogging(LitClassificationModel):
 class ModelDictLoss(LitClassificationModel):
     def training_step(self, batch, batch_idx):
         loss = torch.nn.CrossEntropyLoss()(self.forward(batch["features"]), batch["label_index"])
-        self.log("train_loss", loss)
+        self.log_dict({"train_loss": loss}, on_epoch=True)  # on_step is True in a training step by default
         return {"loss": loss}
 
     def validation_step(self, batch, batch_idx):
@@ -174,6 +174,20 @@ class ModelConstantLoss(ModelLogging):
         return loss * 0 + 1.0986
 
 
+class ModelTrainLossPerEpochOnly(ModelLogging):
+    def training_step(self, batch, batch_idx):
+        loss = F.cross_entropy(self(batch["features"]), batch["label_index"])
+        self.log("train_loss", loss, on_step=False, on_epoch=True, sync_dist=True)
+        return loss
+
+
+class ModelTrainLossPerStepOnly(ModelLogging):
+    def training_step(self, batch, batch_idx):
+        loss = F.cross_entropy(self(batch["features"]), batch["label_index"])
+        self.log("train_loss", loss)
+        return loss
+
+
 class ModelTrainLossAsVal(ModelLogging):
     def validation_step(self, batch, batch_idx):
         logits = self(batch["features"])
@@ -189,7 +203,16 @@ def test_2_3_right(answer):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "answer", [ModelInherited, ModelSuper, ModelCorrectCount, ModelConstantLoss, ModelTrainLossAsVal]
+    "answer",
+    [
+        ModelInherited,
+        ModelSuper,
+        ModelCorrectCount,
+        ModelConstantLoss,
+        ModelTrainLossPerEpochOnly,
+        ModelTrainLossPerStepOnly,
+        ModelTrainLossAsVal,
+    ],
 )
 def test_2_3_wrong(answer):
     assert verdict("2.3", {"MyModel": answer}) == "failed"

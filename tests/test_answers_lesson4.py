@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import cloudpickle
@@ -653,6 +654,13 @@ def resume_delegated(trainer, model, datamodule, checkpoint_dir):
 )
 def test_4_5_resume(answer, expected):
     assert verdict("4.5", {"resume_training": answer}) == expected
+
+
+def test_4_5_a_right_answer_gets_no_warning_about_the_check_s_own_callbacks():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert verdict("4.5", {"resume_training": resume_newest_readable}) == "passed"
+    assert not [w for w in caught if "callbacks used to create the checkpoint" in str(w.message)]
 
 
 # ---------------------------------------------------------------------------------------- 4.6 (stretch) task slots

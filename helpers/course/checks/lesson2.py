@@ -305,7 +305,8 @@ def _expected_validation(model, batches: list[dict[str, torch.Tensor]]) -> tuple
 
 @register("2.3")
 def lightning_steps(namespace) -> str:
-    """``MyModel``: ``training_step`` returns the cross-entropy loss (or ``{"loss": ...}``); validation logs
+    """``MyModel``: ``training_step`` returns the cross-entropy loss (or ``{"loss": ...}``) and logs it per step and
+    per epoch; validation logs
     ``val_loss``/``val_acc``; checked against values computed here on generated batches.
 
     Args:
@@ -318,7 +319,8 @@ def lightning_steps(namespace) -> str:
     Raises:
         NotAttempted: ``MyModel`` is not defined, or its ``training_step`` or ``validation_step`` is a stub.
         CheckFailed: ``training_step`` does not return a scalar tensor with gradients, or not the
-            cross-entropy; ``train_loss``, ``val_loss`` or ``val_acc`` is not logged; ``val_loss`` or
+            cross-entropy; ``train_loss``, ``val_loss`` or ``val_acc`` is not logged; ``train_loss`` is not logged
+            both per step and per epoch (``train_loss_step``, ``train_loss_epoch``); ``val_loss`` or
             ``val_acc`` differs from the value computed here.
         Delegated: the answer calls ``LitClassificationModel.training_step``, ``validation_step`` or
             ``_loss_and_accuracy``.
@@ -359,6 +361,12 @@ def lightning_steps(namespace) -> str:
     missing = {"train_loss", "val_loss", "val_acc"} - set(metrics)
     if missing:
         raise CheckFailed(f"not logged: {sorted(missing)}; use self.log(...) in the steps")
+    train_keys = sorted(key for key in trainer.callback_metrics if key.startswith("train_loss"))
+    if not {"train_loss_epoch", "train_loss_step"} <= set(train_keys):
+        raise CheckFailed(
+            f"train_loss is logged as {train_keys}: log it per step and per epoch, self.log('train_loss', loss, "
+            "on_step=True, on_epoch=True, ...), which Lightning records as train_loss_step and train_loss_epoch"
+        )
     val_loss, val_acc = _expected_validation(model, val)
     if not close(metrics["val_loss"], val_loss, rel=1e-4):
         raise CheckFailed(

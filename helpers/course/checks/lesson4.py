@@ -733,7 +733,9 @@ def resume_after_lost_worker(namespace) -> str:
                     _interrupted_run(folder, saved, torn)
                 counter = _epoch_counter()
                 with own_work(*_resume_helpers()):
-                    resume_training(_trainer(epochs + 2, [counter]), model_class(), data_class(), str(folder))
+                    # the checkpoints' own callback as well: without it Lightning warns (as lesson 2 teaches)
+                    trainer = _trainer(epochs + 2, [counter], folder)
+                    resume_training(trainer, model_class(), data_class(), str(folder))
                 if counter.epochs != list(range(start, epochs + 2)):
                     raise CheckFailed(
                         f"with {name} ({saved} epochs saved) training ran epochs {counter.epochs}, "
