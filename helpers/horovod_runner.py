@@ -205,6 +205,82 @@ def _worker_error(original: BaseException, job: JobFolder, np: int) -> HorovodWo
     return HorovodWorkerError(f"The Horovod job failed: {original}")
 
 
+_RANK_LINE = re.compile(r"\[(\d+)\]<(stdout|stderr)>:(.*)", re.DOTALL)  # how Horovod prefixes a rank's lines
+_EXIT_NOTICES = re.compile(r"(Process \d+ exit with status code -?\d+\.|Terminating remaining workers after failure)")
+_TRACEBACK_STARTS = (
+    "Traceback (most recent call last):",
+    "During handling of the above exception",
+    "The above exception was the direct cause",
+    "User function raise error:",  # horovod.runner.run_task's notice, which runs on into the traceback
+)
+
+
+class _WithoutTracebacks:
+    """A text stream passing on what a local job's ranks print, line by line, except each rank's tracebacks (up to
+    and including the exception's line) and Horovod's notices that a process exited: the job's
+    :class:`HorovodWorkerError` carries the traceback of the rank that caused the failure, and the other ranks'
+    only echo it ("Horovod has been shut down")."""
+
+    def __init__(self, target: Any) -> None:
+        self.target, self._pending = target, ""
+        self._in_traceback: set[tuple[str, str]] = set()  # (rank, stream) inside a traceback
+        self._ended: set[tuple[str, str]] = set()  # (rank, stream) whose traceback just ended
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        *lines, self._pending = re.split(r"(?<=[\r\n])", self._pending)
+        for line in lines:
+            if self._kept(line):
+                self.target.write(line)
+        return len(text)
+
+    def flush(self) -> None:
+        self.target.flush()
+
+    def close_pending(self) -> None:
+        """Pass on the last, unfinished line (if kept)."""
+        if self._pending and self._kept(self._pending):
+            self.target.write(self._pending)
+        self._pending = ""
+        self.target.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.target, name)
+
+    def _kept(self, line: str) -> bool:
+        match = _RANK_LINE.match(line)
+        if match is None:
+            return not _EXIT_NOTICES.match(line)
+        stream, content = match.group(1, 2), match.group(3)
+        if content.startswith(_TRACEBACK_STARTS):
+            self._in_traceback.add(stream)
+            return False
+        if stream in self._in_traceback:
+            if content.strip() and not content[0].isspace():  # the exception's own line ends the traceback
+                self._in_traceback.discard(stream)
+                self._ended.add(stream)
+            return False
+        if stream in self._ended:  # the blank line Horovod prints after it, too
+            self._ended.discard(stream)
+            return bool(content.strip())
+        return True
+
+
+@contextmanager
+def _ranks_without_tracebacks() -> Iterator[None]:
+    """``sys.stdout`` and ``sys.stderr`` as :class:`_WithoutTracebacks` for the block: Horovod's threads that forward
+    the ranks' output write to the streams these names hold when the job starts."""
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _WithoutTracebacks(streams[0]), _WithoutTracebacks(streams[1])
+    try:
+        yield
+    finally:
+        wrappers = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = streams
+        for wrapper in wrappers:
+            wrapper.close_pending()
+
+
 def _check_local_gpus(np: int, gpus: int, support: dict[str, bool]) -> None:
     """Before a local GPU job (``np < 0``, ``use_gpu=True``): one GPU per process, and a Horovod that can use them.
 
@@ -265,8 +341,9 @@ class HorovodRunner:
 
     ``driver_log_verbosity``: ``"all"`` streams every worker's stdout and stderr into the notebook;
     ``"log_callback_only"`` (the default, as on Databricks) leaves Spark workers' output in the executor logs.
-    Local runs (``np < 0``) always stream their workers' output, as Horovod has no switch for it. Errors always
-    come back (see :class:`HorovodWorkerError`).
+    Local runs (``np < 0``) always stream their workers' output, as Horovod has no switch for it, but not the
+    tracebacks of failing ranks or Horovod's notices that a process exited: errors always come back, the root
+    cause's traceback in the :class:`HorovodWorkerError`.
     """
 
     def __init__(
@@ -375,7 +452,8 @@ class HorovodRunner:
         if self.np < 0:
             import horovod
 
-            return horovod.run(call, kwargs=kwargs, num_proc=self.num_processes, use_gloo=True, disable_cache=True)
+            with _ranks_without_tracebacks():
+                return horovod.run(call, kwargs=kwargs, num_proc=self.num_processes, use_gloo=True, disable_cache=True)
         return self._run_on_spark(call, job, kwargs)
 
     def _run_on_spark(self, call: WorkerCall, job: JobFolder, kwargs: dict[str, Any]) -> list[Any]:

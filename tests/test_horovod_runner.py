@@ -46,11 +46,16 @@ def rank_info(tag: str) -> dict:
 
 
 def raise_on_rank_one() -> None:
-    """Rank 1 raises while rank 0 waits for it in a collective."""
+    """Every rank says something on stdout and stderr; then rank 1 raises while rank 0 waits for it in a
+    collective."""
+    import sys
+
     import horovod.torch as hvd
     import torch
 
     hvd.init()
+    print(f"rank {hvd.rank()} starts", flush=True)
+    print(f"rank {hvd.rank()} warns", file=sys.stderr, flush=True)
     if hvd.rank() == 1:
         raise ValueError("deliberate failure in the worker")
     hvd.allreduce(torch.ones(1))
@@ -193,9 +198,13 @@ def test_workers_get_horovod_s_tuning_defaults_or_the_driver_s(monkeypatch: pyte
 
 
 @pytest.mark.slow
-def test_worker_exception_names_the_rank_and_carries_its_traceback(tmp_path: Path) -> None:
+def test_worker_exception_names_the_rank_and_carries_its_traceback(tmp_path: Path, capfd) -> None:
     with pytest.raises(HorovodWorkerError) as caught:
         HorovodRunner(np=-2).run(raise_on_rank_one)
+    # what the ranks said reaches the notebook; their tracebacks and Horovod's exit notices do not (the error has it)
+    said = capfd.readouterr()
+    assert "[0]<stdout>:rank 0 starts" in said.out and "[1]<stderr>:rank 1 warns" in said.err, said
+    assert "Traceback" not in said.out + said.err and "exit with status code" not in said.out + said.err, said
     error = caught.value
     assert error.rank == 1
     message = str(error)
