@@ -81,11 +81,117 @@ def test_speedup_groups_and_shared_baseline():
         speedup_table(table.drop(columns="wall_time_s"))
 
 
+def _repeated_sweep(walls_on_2: list[float], placement: str = "local") -> pd.DataFrame:
+    """A made-up sweep of 3 seeds on 1 and 2 devices, 10 epochs each: the 1-device runs take 40, 30 and 10 ms a
+    step (median 30), the 2-device runs ``walls_on_2`` seconds for 50 steps; listed so that the first and the last
+    row are no median."""
+    return speedup_table(
+        pd.DataFrame(
+            {
+                "devices": [1, 1, 1, 2, 2, 2],
+                "seed": [0, 1, 2, 0, 1, 2],
+                "batch_size": 32,
+                "steps_per_epoch": [10, 10, 10, 5, 5, 5],
+                "epochs_run": 10,
+                "wall_time_s": [4.0, 3.0, 1.0, *walls_on_2],
+                "job_time_s": [10.0, 9.0, 8.0, 12.0, 11.0, 10.0],
+                "placement": placement,
+                "epoch_mode": ONE_PASS,
+            }
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("walls_on_2", "expected", "startup"),
+    [
+        ([4.0, 4.0, 1.0], "80.0 ms per step on 2 devices against 30.0 ms on 1 (fit time over steps, validation "
+         "included), so 2 devices trained 0.75 x the images per second of 1: slower, as their 1-device run already "
+         "computed on all 2 cores of this machine (2 torch threads), so the 2 processes split those cores", 8.0),
+        ([2.0, 1.5, 1.0], "30.0 ms per step on 2 devices against 30.0 ms on 1 (fit time over steps, validation "
+         "included), so 2 devices trained 2.00 x the images per second of 1: faster, although their 1-device run "
+         "already computed on all 2 cores", 9.5),
+    ],
+)  # fmt: skip
+def test_the_sentence_on_the_lessons_runs_compares_the_medians_of_each_device_count(
+    monkeypatch, walls_on_2, expected, startup
+):
+    from helpers.analysis.claims import step_scaling_report
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    steps = pd.DataFrame(
+        {"global_batch": 64, "processes": [1, 2], "step_ms": [20.0, 15.0], "compute_ms": [20.0, 10.0],
+         "comm_ms": [0.0, 5.0], "job_s": 9.0, "steps_s": 3.0}
+    )  # fmt: skip
+    line = step_scaling_report(steps, sweep=_repeated_sweep(walls_on_2))[-1]
+    assert line.startswith("The lesson's runs above (batch 32 per device, medians over 3 runs per device count): ")
+    assert expected in line
+    assert line.endswith(f". {startup:.1f} s of the 2-device job's 11.0 s went to starting processes and readers.")
+    elsewhere = step_scaling_report(steps, sweep=_repeated_sweep(walls_on_2, placement="spark"))[-1]
+    assert f"images per second of 1. {startup:.1f} s" in elsewhere and "cores" not in elsewhere  # not local: no cores
+
+
+def test_the_scaling_plot_draws_the_medians_as_its_line_and_each_run_as_a_marker():
+    import matplotlib.pyplot as plt
+
+    from helpers.analysis import plot_scaling
+
+    fig = plot_scaling(_repeated_sweep([4.0, 4.0, 1.0]))
+    left, right = fig.axes
+    lines = {line.get_label(): line for line in left.get_lines()}
+    median, runs = lines["one_pass median per device count"], lines["one_pass each run (seed)"]
+    assert list(median.get_xdata()) == [1, 2] and list(median.get_ydata()) == [3.0, 4.0]
+    assert median.get_linestyle() == "-" and runs.get_linestyle() == "None" and len(runs.get_xdata()) == 6
+    assert [line.get_label() for line in right.get_lines()] == [
+        "one_pass median per device count",
+        "one_pass each run (seed)",
+        "linear ideal: speedup = n",
+    ]
+    once = plot_scaling(_repeated_sweep([4.0, 4.0, 1.0]).drop_duplicates("devices"))
+    assert [line.get_label() for line in once.axes[0].get_lines()] == ["measured one_pass", "linear ideal: t1 / n"]
+    plt.close(fig)
+    plt.close(once)
+
+
 class _Rows:
     """Stands in for a Petastorm converter: the data modules only take its length when they are built."""
 
     def __len__(self) -> int:
         return 1438
+
+
+def test_each_seed_of_a_device_count_gets_a_run_name_and_checkpoint_folder_of_its_own(monkeypatch):
+    from helpers.analysis import run_training
+    from helpers.worker import TrainSettings
+
+    launched = []
+    monkeypatch.setattr(
+        "helpers.analysis.runs.launch_training",
+        lambda launcher, devices, *data, on_spark: launched.append(data[-1].resolved(launcher, devices)),
+    )
+    monkeypatch.setattr("helpers.analysis.runs.record_run", lambda result, **tags: None)
+    stopping = {"min_delta": 0.01, "patience": 2, "stopping_threshold": None}
+    settings = TrainSettings(early_stopping=stopping, mlflow_experiment=EXPERIMENT)
+    for seed in (0, 1):
+        run_training(2, _Rows(), _Rows(), 10, settings.replace(seed=seed), sweep=SWEEP)
+    assert [run.run_name for run in launched] == [f"one_pass-devices2-seed{seed}-{SWEEP}" for seed in (0, 1)]
+    assert launched[0].default_dir != launched[1].default_dir
+
+
+@pytest.mark.parametrize(
+    ("on_spark", "use_gpu", "placement"), [(False, False, "local"), (False, True, "local-gpu"), (True, False, "spark")]
+)
+def test_a_run_s_placement_says_where_and_on_what_it_trained(monkeypatch, on_spark, use_gpu, placement):
+    from helpers.analysis import run_training
+    from helpers.worker import TrainSettings
+
+    recorded = []
+    monkeypatch.setattr("helpers.analysis.runs.launch_training", lambda *args, on_spark: None)
+    monkeypatch.setattr("helpers.analysis.runs.record_run", lambda result, **tags: recorded.append(tags["placement"]))
+    stopping = {"min_delta": 0.01, "patience": 2, "stopping_threshold": None}
+    settings = TrainSettings(early_stopping=stopping, mlflow_experiment=EXPERIMENT, use_gpu=use_gpu)
+    run_training(2, _Rows(), _Rows(), 10, settings, sweep=SWEEP, on_spark=on_spark)
+    assert recorded == [placement]  # the sentence on the sweep explains shared cores only for "local"
 
 
 @pytest.mark.parametrize("devices", [1, 2, 4])

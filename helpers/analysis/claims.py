@@ -1,10 +1,12 @@
 """The original material's claims, the epoch-size pitfall, and where 2 processes beat 1, in sentences.
 
 Every number in the sentences comes from a :func:`helpers.analysis.tables.speedup_table` or a
-:func:`helpers.analysis.step_scaling.measure_step_scaling` table.
+:func:`helpers.analysis.step_scaling.measure_step_scaling` table, but for this machine's core count.
 """
 
 from __future__ import annotations
+
+import os
 
 import pandas as pd
 
@@ -202,20 +204,52 @@ def _batches_compared(small: int, pair_s: tuple, large: int, pair_l: tuple) -> s
     )
 
 
+def _sweep_medians(sweep: pd.DataFrame) -> pd.DataFrame:
+    """The lesson's runs by device count (the index): how many, and the medians over them of the fit time per step
+    (ms, validation included), the job's time and its start-up (s)."""
+    steps = sweep["epochs_run"].astype(float) * sweep["steps_per_epoch"].astype(float)
+    runs = pd.DataFrame(
+        {
+            "devices": sweep["devices"].astype(int),
+            "step_ms": 1000 * sweep["wall_time_s"].astype(float) / steps,
+            "job_time_s": sweep["job_time_s"].astype(float),
+            "startup_s": sweep["job_time_s"].astype(float) - sweep["wall_time_s"].astype(float),
+        }
+    )
+    grouped = runs.groupby("devices", sort=True)
+    return grouped.median().assign(runs=grouped.size())
+
+
+def _shared_cores(sweep: pd.DataFrame, n: int, gain: float) -> str:
+    """Why ``n`` local processes trained ``gain`` x the images per second of one process: the sweep's 1-device run
+    already had all of this machine's cores (a torch thread each), so the ``n`` shared them; empty where not every run
+    trained on this machine's CPUs."""
+    if "placement" not in sweep.columns or not (sweep["placement"] == "local").all():
+        return ""
+    cores = os.cpu_count() or 1
+    had = f"their 1-device run already computed on all {cores} cores of this machine ({cores} torch threads)"
+    if gain < 1:
+        return (
+            f": slower, as {had}, so the {n} processes split those cores instead of adding compute, and added the "
+            "allreduce and waiting (the timing jobs above gave each process a core of its own)"
+        )
+    return f": faster, although {had}: the {n} processes used the same cores better than one process's {cores} threads"
+
+
 def _sweep_sentence(sweep: pd.DataFrame) -> str:
-    """The lesson's own runs: fit time per step on 1 and on the most devices, and the job's start-up."""
-    rows = sweep.sort_values("devices")
+    """The lesson's runs: the median fit time per step on 1 and on the most devices, the images per second that
+    gives, why, and the job's start-up."""
+    rows = _sweep_medians(sweep)
     one, top = rows.iloc[0], rows.iloc[-1]
-
-    def per_step(row: pd.Series) -> float:
-        return 1000 * float(row["wall_time_s"]) / (int(row["epochs_run"]) * int(row["steps_per_epoch"]))
-
+    n, repeats = int(top.name), int(rows["runs"].min())
+    gain = n * one["step_ms"] / top["step_ms"]  # the per-device batch is the same on every device count
+    medians = f", medians over {repeats} runs per device count" if repeats > 1 else ""
     return (
-        f"The lesson's runs above (batch {int(one['batch_size'])} per device): {per_step(top):.1f} ms per step on "
-        f"{int(top['devices'])} devices against {per_step(one):.1f} ms on 1 (fit time over steps, validation "
-        f"included), and {top['job_time_s'] - top['wall_time_s']:.1f} s of the {int(top['devices'])}-device job's "
-        f"{top['job_time_s']:.1f} s went to starting processes and readers: too little compute per step to hide "
-        "the fixed costs."
+        f"The lesson's runs above (batch {int(sweep['batch_size'].iloc[0])} per device{medians}): "
+        f"{top['step_ms']:.1f} ms per step on {n} devices against {one['step_ms']:.1f} ms on 1 (fit time over "
+        f"steps, validation included), so {n} devices trained {gain:.2f} x the images per second of 1"
+        f"{_shared_cores(sweep, n, gain)}. {top['startup_s']:.1f} s of the {n}-device job's {top['job_time_s']:.1f} s "
+        "went to starting processes and readers."
     )
 
 
@@ -225,7 +259,8 @@ def step_scaling_report(steps: pd.DataFrame, sweep: pd.DataFrame | None = None) 
     Args:
         steps: a :func:`helpers.analysis.step_scaling.measure_step_scaling` table with 1 and 2 processes at two or
             more global batches.
-        sweep: optionally, the lesson's :func:`helpers.analysis.tables.speedup_table`, for a sentence on its runs.
+        sweep: optionally, the lesson's :func:`helpers.analysis.tables.speedup_table` of one epoch mode, for a
+            sentence on its runs (medians over each device count's runs).
 
     Returns:
         One sentence per global batch, one comparing the smallest with the largest batch, one on start-up, and with

@@ -17,8 +17,28 @@ def _label(row) -> str:
     return f"{row['devices']} dev, {row['epoch_mode']}" if "epoch_mode" in row else f"{row['devices']} dev"
 
 
+def _plot_measured(left, right, rows: pd.DataFrame, time_column: str, name: str) -> None:
+    """One epoch mode's runs: a line through the median of each device count; with repeated runs (seeds), each run
+    as an unconnected marker of the same colour."""
+    medians = rows.groupby("devices", sort=True)[[time_column, "speedup"]].median()
+    repeated = bool(rows["devices"].duplicated().any())
+    label = f"{name} median per device count" if repeated else f"measured {name}"
+    for ax, column in ((left, time_column), (right, "speedup")):
+        (line,) = ax.plot(medians.index, medians[column], marker="o", label=label.strip())
+        if repeated:
+            ax.plot(
+                rows["devices"],
+                rows[column],
+                linestyle="none",
+                marker="x",
+                color=line.get_color(),
+                label=f"{name} each run (seed)".strip(),
+            )
+
+
 def plot_scaling(speedups: pd.DataFrame, time_column: str = "wall_time_s", title: str = ""):
-    """Time (left) and speedup (right) against devices, one line per epoch mode, the linear ideal dashed.
+    """Time (left) and speedup (right) against devices: per epoch mode, a line through each device count's median
+    and, with repeated runs (seeds), each run as a marker; the linear ideal dashed.
 
     Args:
         speedups: a :func:`helpers.analysis.tables.speedup_table`.
@@ -36,12 +56,9 @@ def plot_scaling(speedups: pd.DataFrame, time_column: str = "wall_time_s", title
     counts = sorted({1, *speedups["devices"].astype(int)})
     ones = speedups[speedups["devices"] == 1]
     for name, rows in groups:
-        if not ones.empty and not (rows["devices"] == 1).any():
-            rows = pd.concat([ones.iloc[[0]], rows])  # the same 1-device run is this mode's baseline too
-        rows = rows.sort_values("devices")
-        label = f"measured {name}".strip()
-        left.plot(rows["devices"], rows[time_column], marker="o", label=label)
-        right.plot(rows["devices"], rows["speedup"], marker="o", label=label)
+        if not (rows["devices"] == 1).any():
+            rows = pd.concat([ones, rows])  # the same 1-device runs are this mode's baseline too
+        _plot_measured(left, right, rows, time_column, name)
     # the baseline time every speedup was computed against: time x speedup, from any row
     first = speedups.iloc[0]
     base_time = float(first[time_column]) * float(first["speedup"])

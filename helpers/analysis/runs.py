@@ -82,9 +82,11 @@ def run_training(
         on_spark: run on the Spark workers instead of this machine.
 
     Returns:
-        Rank 0's ``TrainResult``. The run gets the ``course.*`` tags and the summary metrics ``epochs_run``,
-        ``best_val_loss``, ``last_val_loss``, ``val_acc`` and ``job_time_s`` (the whole job: process start-up,
-        data readers, training) next to ``train``'s ``wall_time_s`` (the fit alone) and per-epoch history.
+        Rank 0's ``TrainResult``. The run, named ``<epoch_mode>-devices<n>-seed<seed>-<sweep>`` like its checkpoint
+        folder (one per run, repeats with other seeds included), gets the ``course.*`` tags and the summary metrics
+        ``epochs_run``, ``best_val_loss``, ``last_val_loss``, ``val_acc`` and ``job_time_s`` (the whole job: process
+        start-up, data readers, training) next to ``train``'s ``wall_time_s`` (the fit alone) and per-epoch history;
+        its ``placement`` tag is ``"spark"``, ``"local-gpu"`` or ``"local"`` (CPU processes on this machine).
 
     Raises:
         CourseInputError: no experiment, early-stopping settings without the three keys, or bad settings.
@@ -101,7 +103,8 @@ def run_training(
     steps = steps_per_epoch(rows, settings.batch_size, 1 if fixed else devices)
     params = {"epoch_mode": settings.epoch_mode, "steps_per_epoch": steps, "train_rows": rows}
     settings = settings.replace(
-        run_name=f"{settings.epoch_mode}-devices{devices}-{sweep}", extra_params={**settings.extra_params, **params}
+        run_name=f"{settings.epoch_mode}-devices{devices}-seed{settings.seed}-{sweep}",
+        extra_params={**settings.extra_params, **params},
     )
     started = time.perf_counter()
     result = launch_training(
@@ -112,7 +115,7 @@ def run_training(
         sweep=sweep,
         devices=devices,
         launcher=launcher,
-        placement="spark" if on_spark else "local",
+        placement="spark" if on_spark else "local-gpu" if settings.use_gpu else "local",
         epoch_mode=settings.epoch_mode,
         batch_size=settings.batch_size * devices if fixed else settings.batch_size,
         steps=steps,
