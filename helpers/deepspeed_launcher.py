@@ -12,14 +12,23 @@ around ``deepspeed.initialize``, which runs on the CPU with Gloo.
   to the job folder (the distributor would leave a temporary file behind);
 * **the job protocol** (:mod:`helpers.jobs`): a ``JobFolder`` ("deepspeed-..."), every rank's work inside a
   ``WorkerCall`` (failure records, the root cause), rank 0's result handed back through the folder, MLflow runs of a
-  failed job ended FAILED, and a :class:`DeepSpeedJobError` naming the root cause.
+  failed job ended FAILED, and a :class:`DeepSpeedJobError` naming the root cause;
+* **quiet processes**: ``OMP_NUM_THREADS`` set to each process's threads (else ``torchrun`` sets 1 and prints a
+  banner saying so), and no "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully" from every rank
+  (:class:`_QuietCommOp`; the op is only loaded, ``make setup`` built it).
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import io
 import json
+import os
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +47,20 @@ from helpers.validation import check_flag, whole_number
 from helpers.worker import TrainSettings
 from helpers.zero import check_zero_config, zero_config
 
-__all__ = ["DEFAULT_STAGE", "TRAIN_FILE", "DeepSpeedJobError", "run_with_deepspeed", "train_with_deepspeed"]
+__all__ = [
+    "DEFAULT_STAGE",
+    "TRAIN_FILE",
+    "DeepSpeedJobError",
+    "job_env",
+    "run_with_deepspeed",
+    "train_with_deepspeed",
+]
 
 TRAIN_FILE = Path(__file__).with_name("deepspeed_train.py")
 DEFAULT_STAGE = 2
 # the Trainer's precision (helpers.devices.precision_for) as DeepSpeed's config names it
 _DEEPSPEED_PRECISION = {"32-true": "fp32", "bf16-mixed": "bf16", "16-mixed": "fp16"}
+_OP_BUILT = "built successfully"  # the end of the line DeepSpeed prints after loading its CPU communication op
 
 
 class DeepSpeedJobError(JobError):
@@ -53,6 +70,51 @@ class DeepSpeedJobError(JobError):
         super().__init__(message, **details)
         self.stage = stage
         self.elapsed_s = elapsed_s
+
+
+@contextlib.contextmanager
+def job_env(**variables: str) -> Iterator[None]:
+    """Set ``variables`` in this process's environment (which the jobs' processes inherit) for the block."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _quiet_build(build: Callable[[], Any]) -> Callable[[], Any]:
+    """DeepSpeed's ``build_shm_op`` without its "... built successfully" line (what else it prints still shows)."""
+
+    def quiet() -> Any:
+        with contextlib.redirect_stdout(io.StringIO()) as said:
+            op = build()
+        sys.stdout.write("".join(line for line in said.getvalue().splitlines(True) if _OP_BUILT not in line))
+        return op
+
+    return quiet
+
+
+@dataclass
+class _QuietCommOp:
+    """``fn`` run in a rank after DeepSpeed's CPU communication op is made to load without its announcement (each
+    rank's process group, ``deepspeed.init_distributed``, loads it and prints one line)."""
+
+    fn: Callable[..., Any]
+    use_gpu: bool
+
+    def __call__(self, **kwargs: Any) -> Any:
+        from helpers.zero import load_deepspeed
+
+        load_deepspeed(self.use_gpu)  # the accelerator chosen as join_process_group will, before its comm module
+        comm = importlib.import_module("deepspeed.comm.torch")  # `deepspeed.comm.torch` the attribute is torch
+
+        comm.build_shm_op = _quiet_build(comm.build_shm_op)
+        return self.fn(**kwargs)
 
 
 def run_with_deepspeed(
@@ -96,7 +158,8 @@ def run_with_deepspeed(
     job = JobFolder.create("deepspeed")
     config_file = job.path / "deepspeed_config.json"
     config_file.write_text(json.dumps(config, indent=2))
-    call = ranked_call(fn, job, threads_per_process(spark, num_processes, True))
+    threads = threads_per_process(spark, num_processes, True)
+    call = ranked_call(_QuietCommOp(fn, use_gpu), job, threads)
     (job.path / CALL_FILE).write_bytes(cloudpickle.dumps((call, kwargs)))
     distributor = DeepspeedTorchDistributor(
         numGpus=num_processes, nnodes=1, localMode=True, useGpu=use_gpu, deepspeedConfig=str(config_file)
@@ -107,7 +170,8 @@ def run_with_deepspeed(
         stage = config.get("zero_optimization", {}).get("stage", 0)
         return _job_error(exc, job, stage, num_processes, time.monotonic() - started)
 
-    return run_job(job, lambda: distributor.run(str(TRAIN_FILE), "--job", str(job.path)), error_for)
+    with job_env(OMP_NUM_THREADS=str(threads)):  # torchrun's own default is 1, announced in a banner
+        return run_job(job, lambda: distributor.run(str(TRAIN_FILE), "--job", str(job.path)), error_for)
 
 
 def _job_error(exc: BaseException, job: JobFolder, stage: int, num_processes: int, elapsed: float) -> DeepSpeedJobError:

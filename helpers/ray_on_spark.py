@@ -22,7 +22,11 @@ refuses what cannot fit in one line, and fixes what Ray 2.44 gets wrong here:
   agent also serves a job API (its job agent) over HTTP: the agents start minimal, without that server.
 * **Quiet.** This process's Ray driver does not print what the Ray workers write (``log_to_driver=False``): their
   logs (Ray Train's, Lightning's) stay in the cluster's temporary folder while it runs. A failed job still says
-  which rank failed and why (the course's launchers read it from the job folder, :mod:`helpers.jobs`).
+  which rank failed and why (the course's launchers read it from the job folder, :mod:`helpers.jobs`). Of the head
+  node's ``ray start`` only what is not its INFO or SUCC chatter is printed (its banner, "Next steps", "This command
+  will now block forever" are not; its errors are, and Ray quotes its last lines if it fails to start); Ray on
+  Spark's advice for production clusters (4 CPUs and 10 GB per worker node, 80 % of a worker's memory), which the
+  course's one-core workers cannot follow, is not printed.
 * **Clean exit.** Leaving the block (also by an exception) shuts the Ray cluster down, waits for every Ray process
   on this machine to exit (killing what is left) and removes Ray's temporary folder. The Spark executors' task slots
   are free again.
@@ -30,15 +34,19 @@ refuses what cannot fit in one line, and fixes what Ray 2.44 gets wrong here:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ipaddress
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
+import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,7 +57,7 @@ import psutil
 from ray.util.spark.start_hook_base import RayOnSparkStartHook
 
 from helpers import CourseInputError
-from helpers.logs import logger_levels
+from helpers.logs import dropped_records, logger_levels
 from helpers.processes import process_tree, stop_processes
 from helpers.shared_storage import check_shared_folder
 from helpers.spark import active_session, executor_count, task_slots
@@ -66,6 +74,12 @@ _NODE_HOOK_ENV = "RAY_START_HOOK"  # run by every `ray start` with its parameter
 _CLUSTERS_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's one-machine addressing (loopback everywhere)
 _JOB_SERVER_LOGGER = "ray.autoscaler._private.spark.spark_job_server"  # Ray on Spark's job server (level WARN)
 _LOOPBACK_ENV = "COURSE_RAY_LOOPBACK"  # "1": every node on 127.0.0.1 (read by _course_node)
+_SPARK_LOGGER = "ray.util.spark"  # Ray on Spark's driver side (cluster_init)
+# the starts of Ray on Spark's sizing advice (cluster_init.py:1033, 1094, 1108): for production clusters
+_SIZING_ADVICE = ("In each spark worker node, we recommend", "The provided CPU resources for each ray worker",
+                  "The provided memory resources for each ray worker")  # fmt: skip
+# `ray start`'s own progress lines ("<date> <time>\tINFO scripts.py:898 -- Ray runtime started."); not its errors
+_RAY_START_CHATTER = re.compile(r"^\S+ \S+\t(INFO|SUCC) ")
 # Ray's Unix sockets lie about 85 characters below its temporary root and their paths are capped at 107 bytes.
 _MAX_TEMP_ROOT_CHARS = 20
 
@@ -267,6 +281,42 @@ def _driver_setup(loopback: bool) -> Iterator[None]:
             os.environ[_SPARK_HOOK_ENV] = previous
 
 
+def _start_head(cmd: list[str], synchronous: bool, extra_env: dict[str, str]):
+    """Ray on Spark's ``_start_ray_head_node`` (in the background, as Ray on Spark always asks), but for what it
+    prints: the lines of ``ray start``'s output go to the tail that Ray quotes if the head fails to start, and to
+    this process's stdout unless they are its INFO or SUCC chatter (:data:`_RAY_START_CHATTER`); Ray's prints every
+    line and offers no other place for them."""
+    assert not synchronous, "Ray on Spark starts its head node in the background"
+    process = subprocess.Popen(
+        cmd, env={**os.environ, **extra_env}, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        process_group=0,  # as Ray's: a kernel's interrupt (SIGINT to its group) must not stop the head node
+    )  # fmt: skip
+    tail: collections.deque[str] = collections.deque(maxlen=100)
+
+    def relay() -> None:
+        for line in process.stdout:
+            tail.append(line)
+            if not _RAY_START_CHATTER.match(line):
+                sys.stdout.write(line)
+
+    threading.Thread(target=relay, name="ray-head-output", daemon=True).start()
+    return process, tail
+
+
+@contextlib.contextmanager
+def _quiet_start() -> Iterator[None]:
+    """While Ray on Spark starts: the head node's output through :func:`_start_head`, and no sizing advice."""
+    from ray.util.spark import cluster_init
+
+    start_head = cluster_init._start_ray_head_node
+    cluster_init._start_ray_head_node = _start_head
+    try:
+        with dropped_records(_SPARK_LOGGER, *_SIZING_ADVICE):
+            yield
+    finally:
+        cluster_init._start_ray_head_node = start_head
+
+
 def _shutdown(cluster: RayOnSpark) -> None:
     """Shut Ray on Spark down; once every node's launcher has exited, kill what is left of its processes (a worker
     node's agents outlive their raylet by 15 s or more); remove Ray's folder."""
@@ -318,9 +368,9 @@ def ray_cluster(
     check_shared_folder(spark, work_dir())  # Ray Train's rank 0 leaves its result there; Ray then holds the slots
     cluster = RayOnSpark("", workers, cpus_per_worker, _temp_root())
     # no info lines ("Ray worker nodes are starting", "Connecting to existing Ray cluster")
-    with logger_levels({"ray": logging.WARNING, "ray.util.spark": logging.WARNING}):
+    with logger_levels({"ray": logging.WARNING, _SPARK_LOGGER: logging.WARNING}):
         try:
-            with _driver_setup(_on_loopback(spark)):
+            with _driver_setup(_on_loopback(spark)), _quiet_start():
                 cluster.address, _ = setup_ray_cluster(
                     max_worker_nodes=workers,
                     num_cpus_worker_node=cpus_per_worker,

@@ -1,7 +1,8 @@
 """The course's SparkSession (local by default, the active one on Databricks or a cluster) and what it offers.
 
 ``get_spark()`` finds Java, points Spark's Python workers at this interpreter, sets the Petastorm cache under the
-work directory and keeps the logs quiet, so a notebook's first cell is one line.
+work directory and keeps the logs quiet (the driver's Log4j 2 configuration is :data:`LOG4J2_CONFIG`), so a
+notebook's first cell is one line.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from helpers import CourseInputError
+from helpers.logs import python_warnings
 from helpers.lost_hosts import heartbeat_conf
 from helpers.network import driver_address
 from helpers.validation import whole_number
 from helpers.workdir import work_dir
 
 __all__ = [
+    "LOG4J2_CONFIG",
     "active_session",
     "check_gpu_per_task",
     "configure_python_env",
@@ -40,6 +43,7 @@ WORKER_ENV_NAMES = "COURSE_WORKER_ENV"  # names (comma-separated) of the variabl
 LOOPBACK = "127.0.0.1"  # a local session's driver and executors: this machine only
 PORTS_ENV = "COURSE_SPARK_PORTS"  # the first of Spark's pinned ports (port_conf), for clusters behind a firewall
 SPARK_PORT_RETRIES = 16  # spark.port.maxRetries: a busy pinned port moves up by one, this many times at most
+LOG4J2_CONFIG = Path(__file__).with_name("log4j2.properties")  # the driver's logging: Spark's, without its banners
 
 
 def worker_env() -> dict[str, str]:
@@ -215,13 +219,15 @@ def task_slots(spark) -> int:
 
 
 def configure_python_env() -> None:
-    """Make Spark's Python workers (and Horovod's) run this interpreter, with this repository importable.
+    """Make Spark's Python workers (and Horovod's) run this interpreter, with this repository importable and the
+    libraries' own warnings ignored (:func:`helpers.logs.python_warnings`).
 
-    Sets ``PYSPARK_PYTHON``, ``PYSPARK_DRIVER_PYTHON`` and ``PYTHONPATH`` in this process's environment, which the
-    processes it starts inherit.
+    Sets ``PYSPARK_PYTHON``, ``PYSPARK_DRIVER_PYTHON``, ``PYTHONWARNINGS`` and ``PYTHONPATH`` in this process's
+    environment, which the processes it starts inherit.
     """
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["PYTHONWARNINGS"] = python_warnings(os.environ.get("PYTHONWARNINGS"))
     repo = str(Path(__file__).resolve().parent.parent)
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if repo not in paths:
@@ -324,6 +330,8 @@ def get_spark(
         configure_python_env()
         cores = cores or os.cpu_count() or 2
         conf = {
+            # read when the driver's JVM starts: a session started later in this process keeps the first one's
+            "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}",
             **_network_conf(master),
             **heartbeat_conf(),
             **port_conf(),
@@ -338,6 +346,7 @@ def get_spark(
             .config("spark.sql.shuffle.partitions", str(2 * cores))
             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
             .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
+            .config("spark.executorEnv.PYTHONWARNINGS", os.environ["PYTHONWARNINGS"])  # a cluster's own workers too
             .config("spark.sql.session.timeZone", "UTC")
         )
         for key, value in conf.items():

@@ -21,10 +21,7 @@ precision (``estimate_zero2_model_states_mem_needs``, ``estimate_zero3_model_sta
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import os
-from collections.abc import Iterator
 from typing import Any
 
 import pandas as pd
@@ -127,10 +124,12 @@ def measure_zero(
     Returns:
         One row per stage and rank (a ``(stage, rank)`` index): ``tensor_bytes``, ``rss_growth_bytes``.
     """
+    from helpers.deepspeed_launcher import job_env
+
     whole_number("width", width)
     whole_number("layers", layers)
     rows = []
-    with _environ(MALLOC_MMAP_THRESHOLD_=str(2**20)):  # read by glibc when each process starts (see the module)
+    with job_env(MALLOC_MMAP_THRESHOLD_=str(2**20)):  # read by glibc when each process starts (see the module)
         for stage in stages:
             rows += _measure_stage(stage, width, layers, world_size, spark)
     return pd.DataFrame(rows).set_index(["stage", "rank"]).sort_index()
@@ -147,21 +146,6 @@ def _measure_stage(stage: int, width: int, layers: int, world_size: int, spark) 
     return run_with_deepspeed(
         model_states_of_rank, config, num_processes=world_size, spark=spark, width=width, layers=layers
     )
-
-
-@contextlib.contextmanager
-def _environ(**variables: str) -> Iterator[None]:
-    """Set ``variables`` in this process's environment (which the jobs' processes inherit) for the block."""
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def zero_estimates(width: int = 2048, layers: int = 6, world_size: int = 2, stages=MEASURED_STAGES) -> pd.DataFrame:
