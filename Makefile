@@ -17,7 +17,8 @@ $(SETUP_DONE): requirements.txt pyproject.toml scripts/install_horovod.sh
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	GPU=$(GPU) PYTHON=$(PY) scripts/install_horovod.sh
-	$(PY) -m ipykernel install --sys-prefix --name scaling-dl-spark --display-name "Scaling DL on Spark" >/dev/null
+	$(PY) -m ipykernel install --sys-prefix --name scaling-dl-spark --display-name "Scaling DL on Spark" \
+		--env PYTHONWARNINGS "$$($(PY) -c 'from helpers.logs import python_warnings; print(python_warnings())')" >/dev/null
 	touch $@
 
 # DeepSpeed's CPU communication op, built once (about a minute) where helpers.deepspeed_train.ops_build_dir() says,

@@ -4,12 +4,14 @@ the learner's own code, still show."""
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import os
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -166,3 +168,10 @@ def test_a_deepspeed_job_prints_neither_torchrun_s_thread_banner_nor_the_op_anno
     assert "Setting OMP_NUM_THREADS" not in printed
     assert "built successfully" not in printed
     assert os.environ.get("OMP_NUM_THREADS") == before  # the driver's environment as it was
+
+
+def test_the_course_kernel_ignores_the_library_warnings_from_its_first_import():
+    """Lessons import mlflow, ray or petastorm before helpers: the kernel ``make setup`` registers sets
+    ``PYTHONWARNINGS``, so the warnings are ignored before any import."""
+    spec = Path(sys.prefix, "share", "jupyter", "kernels", "scaling-dl-spark", "kernel.json")
+    assert json.loads(spec.read_text()).get("env", {}).get("PYTHONWARNINGS") == python_warnings()
