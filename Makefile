@@ -3,11 +3,12 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 SETUP_DONE := .venv/.setup-done
 DEEPSPEED_OP_DONE := .venv/.deepspeed-op-done
+KERNEL_DONE := .venv/.kernel-done
 GPU ?= 0
 
 .PHONY: setup course lint test test-fast test-lesson lessons lab mlflow clean bench test-packages
 
-setup: $(SETUP_DONE) $(DEEPSPEED_OP_DONE)
+setup: $(SETUP_DONE) $(KERNEL_DONE) $(DEEPSPEED_OP_DONE)
 
 # Re-runs only when the pins, the package metadata or the Horovod build script change: seconds otherwise.
 $(SETUP_DONE): requirements.txt pyproject.toml scripts/install_horovod.sh
@@ -17,7 +18,13 @@ $(SETUP_DONE): requirements.txt pyproject.toml scripts/install_horovod.sh
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	GPU=$(GPU) PYTHON=$(PY) scripts/install_horovod.sh
-	$(PY) -m ipykernel install --sys-prefix --name scaling-dl-spark --display-name "Scaling DL on Spark" \
+	touch $@
+
+# The course's Jupyter kernel, registered again whenever how it is registered or the warnings it ignores change.
+# PYDEVD_DISABLE_FILE_VALIDATION: no debugger note about frozen modules each time ipykernel starts.
+$(KERNEL_DONE): $(SETUP_DONE) Makefile helpers/logs.py
+	PYDEVD_DISABLE_FILE_VALIDATION=1 $(PY) -m ipykernel install --sys-prefix --name scaling-dl-spark \
+		--display-name "Scaling DL on Spark" --env PYDEVD_DISABLE_FILE_VALIDATION 1 \
 		--env PYTHONWARNINGS "$$($(PY) -c 'from helpers.logs import python_warnings; print(python_warnings())')" >/dev/null
 	touch $@
 

@@ -23,10 +23,12 @@ __all__ = [
 
 #: Warnings raised inside libraries, about their own code: (the message's start, its category, the module it is
 #: reported from). Petastorm 0.12 imports pyarrow's deprecated ``LocalFileSystem``; tqdm, imported by MLflow and
-#: Ray, asks for ipywidgets, which the course does not need (its progress bars are text).
+#: Ray, asks for ipywidgets, which the course does not need (its progress bars are text); Lightning 2.6 uses torch's
+#: deprecated pytree API in every fit.
 LIBRARY_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
     ("pyarrow.LocalFileSystem is deprecated", FutureWarning, "petastorm.spark.spark_dataset_converter"),
     ("IProgress not found", Warning, "tqdm.auto"),
+    ("`isinstance(treespec", FutureWarning, "pytorch_lightning.utilities._pytree"),
 )
 
 

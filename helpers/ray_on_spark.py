@@ -75,6 +75,8 @@ _CLUSTERS_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's one-machine ad
 _JOB_SERVER_LOGGER = "ray.autoscaler._private.spark.spark_job_server"  # Ray on Spark's job server (level WARN)
 _LOOPBACK_ENV = "COURSE_RAY_LOOPBACK"  # "1": every node on 127.0.0.1 (read by _course_node)
 _SPARK_LOGGER = "ray.util.spark"  # Ray on Spark's driver side (cluster_init)
+_WORKER_LOGGER = "ray._private.worker"  # ray.init's
+_CONNECTING = ("Connecting to existing Ray cluster", "Connected to Ray cluster")  # worker.py:1660, 1839, at INFO
 # the starts of Ray on Spark's sizing advice (cluster_init.py:1033, 1094, 1108): for production clusters
 _SIZING_ADVICE = ("In each spark worker node, we recommend", "The provided CPU resources for each ray worker",
                   "The provided memory resources for each ray worker")  # fmt: skip
@@ -305,16 +307,29 @@ def _start_head(cmd: list[str], synchronous: bool, extra_env: dict[str, str]):
 
 @contextlib.contextmanager
 def _quiet_start() -> Iterator[None]:
-    """While Ray on Spark starts: the head node's output through :func:`_start_head`, and no sizing advice."""
+    """While Ray on Spark starts: the head node's output through :func:`_start_head`, no sizing advice and no
+    notice of the connection."""
     from ray.util.spark import cluster_init
 
     start_head = cluster_init._start_ray_head_node
     cluster_init._start_ray_head_node = _start_head
     try:
-        with dropped_records(_SPARK_LOGGER, *_SIZING_ADVICE):
+        # Ray on Spark's own ray.init (in wait_until_ready) sets the "ray" logger back to INFO and announces it
+        with dropped_records(_SPARK_LOGGER, *_SIZING_ADVICE), dropped_records(_WORKER_LOGGER, *_CONNECTING):
             yield
     finally:
         cluster_init._start_ray_head_node = start_head
+
+
+def _not_a_stopped_node(record: logging.LogRecord) -> bool:
+    """False for the job server's notice that a worker node's Spark job ended, where the course stopped that
+    cluster: its threads say so after the shutdown returns, as a warning that asks to debug it."""
+    message = record.getMessage()
+    return not (message.startswith(tuple(_STOPPED)) and "hosting Ray worker node exit" in message)
+
+
+_STOPPED: set[str] = set()  # the job server's message starts for the clusters the course shut down
+logging.getLogger(_JOB_SERVER_LOGGER).addFilter(_not_a_stopped_node)
 
 
 def _shutdown(cluster: RayOnSpark) -> None:
@@ -324,7 +339,11 @@ def _shutdown(cluster: RayOnSpark) -> None:
 
     launchers, processes = cluster.launchers(), cluster.processes()
     try:
-        if cluster_init._active_ray_cluster is not None:
+        active = cluster_init._active_ray_cluster
+        if active is not None:
+            # the job server names each worker node's Spark job after the head's port and the cluster's id
+            port = cluster.address.rsplit(":", 1)[-1]
+            _STOPPED.add(f"Spark job ray-cluster-{port}-{active.cluster_unique_id}-")
             shutdown_ray_cluster()
     finally:
         psutil.wait_procs(launchers, timeout=STOP_TIMEOUT_S)
@@ -367,7 +386,7 @@ def ray_cluster(
         raise CourseInputError("Ray is already running in this process: leave its block (or ray.shutdown()) first.")
     check_shared_folder(spark, work_dir())  # Ray Train's rank 0 leaves its result there; Ray then holds the slots
     cluster = RayOnSpark("", workers, cpus_per_worker, _temp_root())
-    # no info lines ("Ray worker nodes are starting", "Connecting to existing Ray cluster")
+    # no info lines of its own ("Ray worker nodes are starting"); those of its ray.init: see _quiet_start
     with logger_levels({"ray": logging.WARNING, _SPARK_LOGGER: logging.WARNING}):
         try:
             with _driver_setup(_on_loopback(spark)), _quiet_start():
@@ -385,5 +404,4 @@ def ray_cluster(
                     raise RayStartError(f"Ray on Spark started {started} of {workers} worker nodes; see the log above.")
                 yield cluster
         finally:
-            with logger_levels({_JOB_SERVER_LOGGER: logging.ERROR}):  # its warnings that the worker nodes' jobs exit
-                _shutdown(cluster)
+            _shutdown(cluster)

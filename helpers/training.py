@@ -44,9 +44,6 @@ from helpers.workdir import work_path
 Batch = dict[str, torch.Tensor]
 Batches = Iterable[Batch] | Callable[[], Iterable[Batch]]
 
-# Lightning 2.6 warns about torch's pytree API in every fit; it is Lightning's to fix and only clutters notebooks.
-warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
-
 __all__ = ["EARLY_STOPPING_DEFAULTS", "Batch", "Batches", "TrainResult", "train", "train_plain"]
 
 EARLY_STOPPING_DEFAULTS: dict[str, Any] = {"min_delta": 0.01, "patience": 10, "stopping_threshold": None}

@@ -174,4 +174,22 @@ def test_the_course_kernel_ignores_the_library_warnings_from_its_first_import():
     """Lessons import mlflow, ray or petastorm before helpers: the kernel ``make setup`` registers sets
     ``PYTHONWARNINGS``, so the warnings are ignored before any import."""
     spec = Path(sys.prefix, "share", "jupyter", "kernels", "scaling-dl-spark", "kernel.json")
-    assert json.loads(spec.read_text()).get("env", {}).get("PYTHONWARNINGS") == python_warnings()
+    env = json.loads(spec.read_text()).get("env", {})
+    assert env.get("PYTHONWARNINGS") == python_warnings()
+    assert env.get("PYDEVD_DISABLE_FILE_VALIDATION") == "1"  # no debugger note about frozen modules per kernel
+
+
+@pytest.mark.parametrize("notebook", sorted((REPO_ROOT / "solutions").glob("*.ipynb")), ids=lambda p: p.stem)
+def test_a_lesson_imports_helpers_before_ray(notebook):
+    """Ray's ipywidgets note is quieted, and Ray Train's V2 API switched on, by importing helpers: a lesson that
+    imports ray first prints the note (twice in lesson 6's first recorded run) and may load Train's V1 API."""
+    lines = [
+        line.strip()
+        for cell in json.loads(notebook.read_text())["cells"]
+        if cell["cell_type"] == "code"
+        for line in "".join(cell["source"]).splitlines()
+    ]
+    ray_at = [i for i, line in enumerate(lines) if line.startswith(("import ray", "from ray"))]
+    helpers_at = [i for i, line in enumerate(lines) if line.startswith(("import helpers", "from helpers"))]
+    if ray_at:
+        assert helpers_at and helpers_at[0] < ray_at[0], f"{notebook.name}: import helpers before ray"

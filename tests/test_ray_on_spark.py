@@ -138,3 +138,15 @@ def test_shutdown_leaves_no_ray_process_and_spark_usable(ray_session):
     assert ray_session["left"] == [] and ray_session["left_by_scan"] == []
     assert ray_session["temp_root_left"] is False
     assert ray_session["spark_rows_after"] == 100  # the executors' task slots are free again
+
+
+@pytest.mark.slow
+def test_ray_s_start_and_stop_say_nothing_a_learner_cannot_act_on(cluster_session):
+    """Ray on Spark's own ``ray.init`` sets the ``ray`` logger to INFO and logs the connection (lesson 6's
+    ``ray-start`` cell printed both lines); after the shutdown its job server warns, from its threads, that each
+    worker node's Spark job ended (the ``ray-stop`` cell printed one warning per node): the driver says none of
+    them, on either stream."""
+    _, stdout, work = cluster_session
+    said = stdout + (work / "driver.err").read_text()
+    assert "Connecting to existing Ray cluster" not in said and "Connected to Ray cluster" not in said
+    assert "hosting Ray worker node exit" not in said

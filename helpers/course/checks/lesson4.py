@@ -10,6 +10,7 @@ import os
 import random
 import shutil
 import uuid
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -732,7 +733,9 @@ def resume_after_lost_worker(namespace) -> str:
                 if saved:
                     _interrupted_run(folder, saved, torn)
                 counter = _epoch_counter()
-                with own_work(*_resume_helpers()):
+                with own_work(*_resume_helpers()), warnings.catch_warnings():
+                    # the folder is the interrupted run's, reused on purpose: not a mistake to warn the learner of
+                    warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
                     # the checkpoints' own callback as well: without it Lightning warns (as lesson 2 teaches)
                     trainer = _trainer(epochs + 2, [counter], folder)
                     resume_training(trainer, model_class(), data_class(), str(folder))
