@@ -180,16 +180,22 @@ def test_the_course_kernel_ignores_the_library_warnings_from_its_first_import():
 
 
 @pytest.mark.parametrize("notebook", sorted((REPO_ROOT / "solutions").glob("*.ipynb")), ids=lambda p: p.stem)
-def test_a_lesson_imports_helpers_before_ray(notebook):
-    """Ray's ipywidgets note is quieted, and Ray Train's V2 API switched on, by importing helpers: a lesson that
-    imports ray first prints the note (twice in lesson 6's first recorded run) and may load Train's V1 API."""
+def test_a_lesson_imports_helpers_before_the_libraries_that_warn(notebook):
+    """Importing helpers quiets LIBRARY_WARNINGS and Ray's ipywidgets note, and switches Ray Train to its V2 API:
+    a lesson that imports mlflow, petastorm, ray or Lightning first printed their warnings (lesson 2's setup cell
+    tqdm's, lesson 6's the note twice) in the kernel the notebooks name, which has no PYTHONWARNINGS of its own."""
     lines = [
         line.strip()
         for cell in json.loads(notebook.read_text())["cells"]
         if cell["cell_type"] == "code"
         for line in "".join(cell["source"]).splitlines()
     ]
-    ray_at = [i for i, line in enumerate(lines) if line.startswith(("import ray", "from ray"))]
+    libraries = tuple(f"{verb} {name}" for verb in ("import", "from") for name in WARNING_LIBRARIES)
+    first_library = next((i for i, line in enumerate(lines) if line.startswith(libraries)), None)
     helpers_at = [i for i, line in enumerate(lines) if line.startswith(("import helpers", "from helpers"))]
-    if ray_at:
-        assert helpers_at and helpers_at[0] < ray_at[0], f"{notebook.name}: import helpers before ray"
+    if first_library is not None:
+        said = f"{notebook.name}: import helpers before {lines[first_library]!r}"
+        assert helpers_at and helpers_at[0] < first_library, said
+
+
+WARNING_LIBRARIES = ("mlflow", "petastorm", "ray", "pytorch_lightning")  # what they import raises LIBRARY_WARNINGS
