@@ -44,7 +44,18 @@ from helpers.workdir import work_path
 Batch = dict[str, torch.Tensor]
 Batches = Iterable[Batch] | Callable[[], Iterable[Batch]]
 
-__all__ = ["EARLY_STOPPING_DEFAULTS", "Batch", "Batches", "TrainResult", "train", "train_plain"]
+__all__ = [
+    "CHECKPOINT_FOLDER_REUSED",
+    "EARLY_STOPPING_DEFAULTS",
+    "Batch",
+    "Batches",
+    "TrainResult",
+    "train",
+    "train_plain",
+]
+
+#: Lightning's warning when a fit writes into a folder that holds checkpoints: a resume does that on purpose.
+CHECKPOINT_FOLDER_REUSED = "Checkpoint directory .* exists and is not empty"
 
 EARLY_STOPPING_DEFAULTS: dict[str, Any] = {"min_delta": 0.01, "patience": 10, "stopping_threshold": None}
 
@@ -348,7 +359,7 @@ def _fit(
     started = time.perf_counter()
     with warnings.catch_warnings():
         if ckpt_path is not None:  # resuming writes into the checkpoint's own folder on purpose
-            warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
+            warnings.filterwarnings("ignore", message=CHECKPOINT_FOLDER_REUSED)
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     return time.perf_counter() - started
 

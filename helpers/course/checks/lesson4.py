@@ -716,6 +716,8 @@ def resume_after_lost_worker(namespace) -> str:
     """
     import logging
 
+    from helpers.training import CHECKPOINT_FOLDER_REUSED
+
     resume_training = require(namespace, "resume_training")
     model_class, data_class = _tiny_lightning()
     epochs = random.Random(46).randint(11, 13)
@@ -735,7 +737,7 @@ def resume_after_lost_worker(namespace) -> str:
                 counter = _epoch_counter()
                 with own_work(*_resume_helpers()), warnings.catch_warnings():
                     # the folder is the interrupted run's, reused on purpose: not a mistake to warn the learner of
-                    warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
+                    warnings.filterwarnings("ignore", message=CHECKPOINT_FOLDER_REUSED)
                     # the checkpoints' own callback as well: without it Lightning warns (as lesson 2 teaches)
                     trainer = _trainer(epochs + 2, [counter], folder)
                     resume_training(trainer, model_class(), data_class(), str(folder))
