@@ -171,8 +171,8 @@ def test_a_deepspeed_job_prints_neither_torchrun_s_thread_banner_nor_the_op_anno
 
 
 def test_the_course_kernel_ignores_the_library_warnings_from_its_first_import():
-    """Lessons import mlflow, ray or petastorm before helpers: the kernel ``make setup`` registers sets
-    ``PYTHONWARNINGS``, so the warnings are ignored before any import."""
+    """A learner's own cell may import mlflow, ray or petastorm before helpers (the lessons no longer do): the
+    kernel ``make setup`` registers sets ``PYTHONWARNINGS``, so the warnings are ignored before any import."""
     spec = Path(sys.prefix, "share", "jupyter", "kernels", "scaling-dl-spark", "kernel.json")
     env = json.loads(spec.read_text()).get("env", {})
     assert env.get("PYTHONWARNINGS") == python_warnings()
