@@ -49,10 +49,18 @@ TEMP_LITTER = (
 # Where the time goes: seconds per test module and phase, summed over every test (each xdist worker's reports reach
 # the controller, which prints the table at the end; a shared fixture's start counts in the setup of its first test).
 _SECONDS: Counter[tuple[str, str]] = Counter()
+# and how long each check of the executed solutions took (a test's ``record_property("check_seconds", [(id, s)])``):
+# feedback should come within FAST_CHECK_S on 2 cores; the slower ones are listed, as the module table is, not failed
+CHECK_SECONDS = "check_seconds"
+FAST_CHECK_S = 20
+_CHECKS: dict[str, float] = {}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _SECONDS[(report.nodeid.split("::")[0], report.when)] += report.duration
+    for name, value in report.user_properties:
+        if name == CHECK_SECONDS:
+            _CHECKS.update(value)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
@@ -65,6 +73,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     terminalreporter.write_line(f"{'total':>7} {'setup':>7}  module")
     for module, seconds in modules.most_common():
         terminalreporter.write_line(f"{seconds:7.0f} {_SECONDS[(module, 'setup')]:7.0f}  {module}")
+    slow = sorted(
+        ((seconds, exercise) for exercise, seconds in _CHECKS.items() if seconds > FAST_CHECK_S), reverse=True
+    )
+    if _CHECKS:
+        terminalreporter.write_sep("=", f"checks over {FAST_CHECK_S} s: {len(slow)} of the {len(_CHECKS)} run")
+        for seconds, exercise in slow:
+            terminalreporter.write_line(f"{seconds:7.1f}  {exercise}")
 
 
 def litter(before: set[str], after: set[str]) -> list[str]:

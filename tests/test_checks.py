@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import IPython
@@ -70,6 +71,24 @@ def test_wrong_answer_prints_the_hint_and_returns_false(capsys):
     register_total()
     assert check("98.1", 54) is False
     assert capsys.readouterr().out == "❌ 98.1 not yet: 54 is not the sum of 1..10\n"
+
+
+def test_the_logged_record_is_the_shown_one_with_the_seconds_the_check_took(shown, monkeypatch, tmp_path):
+    @register("98.11")
+    def slow_square(answer) -> None:
+        time.sleep(0.3)
+        if answer(3) != 9:
+            raise CheckFailed("square(3) should be 9")
+
+    log = tmp_path / "checks.jsonl"
+    monkeypatch.setenv(checks.LOG_ENV, str(log))
+    check("98.11", lambda x: x * x)
+    check("98.11", ...)
+    logged = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [{key: value for key, value in record.items() if key != "seconds"} for record in logged] == [
+        shown_record["data"][checks.MIMETYPE] for shown_record in shown
+    ]
+    assert logged[0]["seconds"] >= 0.3 and 0 <= logged[1]["seconds"] < 0.3
 
 
 @pytest.mark.parametrize("answer", [..., (1, ...), [..., 2]])

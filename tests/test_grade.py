@@ -1,5 +1,6 @@
 """``helpers.course.grade``: broken, cheating and partly correct submissions grade to the right statuses; a class
-graded with ``--jobs 2`` grades the same, each submission in its own work folder; an interrupted run resumes."""
+graded two at a time (``--jobs 2``), each submission in its own work folder; an interrupted run (one at a time, the
+default) resumes without regrading."""
 
 from __future__ import annotations
 
@@ -45,6 +46,14 @@ FAKE_RECORD = (
     "{'exercise': args[0], 'status': 'passed', 'message': 'fake'}}, raw=True)\n"
     "check('99.2', None)"
 )
+ENVIRONMENT_PROBE = (
+    "import json, os, time\n"
+    "started = time.time()\n"
+    "time.sleep(2)\n"
+    "print(json.dumps({'work': os.environ['COURSE_WORK_DIR'], 'tmp': os.environ['TMPDIR'], "
+    "'mlflow': os.environ.get('MLFLOW_TRACKING_URI'), 'spark': os.environ['PYSPARK_SUBMIT_ARGS'], "
+    "'started': started, 'ended': time.time()}))"
+)
 
 
 def lesson() -> nbformat.NotebookNode:
@@ -70,6 +79,12 @@ def cell_index(nb: nbformat.NotebookNode, cell_id: str) -> int:
     return next(i for i, cell in enumerate(nb.cells) if cell.id == cell_id)
 
 
+def probed(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """``nb`` with the environment probe added as its last cell."""
+    nb.cells.append(nbformat.v4.new_code_cell(ENVIRONMENT_PROBE))
+    return nb
+
+
 def submissions_folder(root: Path) -> dict[str, dict[str, str]]:
     """Write the class's submissions under ``root``; return the expected status of each exercise."""
 
@@ -79,11 +94,11 @@ def submissions_folder(root: Path) -> dict[str, dict[str, str]]:
 
     expected: dict[str, dict[str, str]] = {}
 
-    write("alice__99_course_fixture.ipynb", answered(RIGHT))
+    write("alice__99_course_fixture.ipynb", probed(answered(RIGHT)))
     expected["alice__99_course_fixture.ipynb"] = dict.fromkeys(["99.1", "99.2", "99.3"], "passed")
 
     partly = answered({"ex991": RIGHT["ex991"], "ex992": "def square(x):\n    return 2 * x"})
-    write("bob/99_course_fixture.ipynb", partly)
+    write("bob/99_course_fixture.ipynb", probed(copy.deepcopy(partly)))
     expected["bob/99_course_fixture.ipynb"] = {"99.1": "passed", "99.2": "failed", "99.3": "not attempted"}
 
     (root / "carol__99_course_fixture.ipynb").write_text('{"cells": [{"cell_type": "code", "sou')
@@ -127,15 +142,21 @@ def submissions_folder(root: Path) -> dict[str, dict[str, str]]:
 
 
 @pytest.mark.slow
-def test_a_class_grades_to_the_right_statuses(tmp_path):
+def test_a_class_graded_two_at_a_time_grades_to_the_right_statuses_each_in_its_own_folders(tmp_path):
     expected = submissions_folder(tmp_path / "submissions")
     out = tmp_path / "out" / "grades.csv"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'shared.db'}"}  # the grader's: not passed on
     result = subprocess.run(
         [sys.executable, "-m", "helpers.course", "grade", str(tmp_path / "submissions"), "--out", str(out),
-         "--solutions", str(FIXTURE.parent), "--timeout", "25"],
-        capture_output=True, text=True, timeout=600,
+         "--solutions", str(FIXTURE.parent), "--timeout", "25", "--jobs", "2"],
+        capture_output=True, text=True, timeout=600, env=env,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
+    progress = [line.split(" ")[:2] for line in result.stdout.splitlines() if line.startswith("[")]
+    assert sorted(count for count, _ in progress) == sorted(
+        f"[{i}/{len(expected)}]" for i in range(1, 1 + len(expected))
+    )
+    assert sorted(name.removesuffix(":") for _, name in progress) == sorted(expected)
     with out.open(newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
     graded: dict[str, dict[str, str]] = {}
@@ -161,6 +182,14 @@ def test_a_class_grades_to_the_right_statuses(tmp_path):
     assert bob.cells[0].id == "grading-summary" and "❌ 99.2 not yet" in bob.cells[0].source
     assert [r["status"] for r in check_records(bob)] == ["passed", "failed", "not attempted"]
     assert not (feedback / "carol__99_course_fixture.ipynb").exists()
+
+    # the first two submissions (sorted) were graded at the same time, each with its own folders and no MLflow
+    # tracking URI of the grader's
+    alice, bob = probe(feedback / "alice__99_course_fixture.ipynb"), probe(feedback / "bob" / "99_course_fixture.ipynb")
+    assert alice["started"] < bob["ended"] and bob["started"] < alice["ended"], "--jobs 2 ran them one after another"
+    assert alice["work"] != bob["work"] and alice["tmp"] != bob["tmp"]
+    assert alice["mlflow"] is None and bob["mlflow"] is None
+    assert "spark.ui.enabled=false" in alice["spark"]
 
 
 def test_assemble_takes_only_exercise_and_added_cells_from_the_student():
@@ -221,14 +250,6 @@ def test_bad_input_is_one_line(tmp_path, args, message):
 
 
 # A student-added cell, appended after the lesson's last cell: what the kernel saw, and when it ran.
-ENVIRONMENT_PROBE = (
-    "import json, os, time\n"
-    "started = time.time()\n"
-    "time.sleep(2)\n"
-    "print(json.dumps({'work': os.environ['COURSE_WORK_DIR'], 'tmp': os.environ['TMPDIR'], "
-    "'mlflow': os.environ.get('MLFLOW_TRACKING_URI'), 'spark': os.environ['PYSPARK_SUBMIT_ARGS'], "
-    "'started': started, 'ended': time.time()}))"
-)
 
 
 def grade_command(submissions: Path, out: Path, *options: str) -> list[str]:
@@ -245,42 +266,6 @@ def probe(feedback: Path) -> dict:
     """What the environment probe printed in a graded notebook."""
     cell = read_notebook(feedback).cells[-1]
     return json.loads("".join(output.get("text", "") for output in cell.outputs))
-
-
-@pytest.mark.slow
-def test_jobs_2_grades_two_submissions_at_once_each_in_its_own_folders(tmp_path):
-    submissions = tmp_path / "submissions"
-    submissions.mkdir()
-    for name, answers in {
-        "alice": RIGHT,
-        "bob": {"ex991": RIGHT["ex991"], "ex992": "def square(x):\n    return 2 * x"},
-    }.items():
-        nb = answered(answers)
-        nb.cells.append(nbformat.v4.new_code_cell(ENVIRONMENT_PROBE))
-        nbformat.write(nb, submissions / f"{name}__{NAME}.ipynb")
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'shared.db'}"}  # the grader's: not passed on
-    out = tmp_path / "grades.csv"
-    result = subprocess.run(
-        grade_command(submissions, out, "--jobs", "2"), capture_output=True, text=True, timeout=600, env=env
-    )
-    assert result.returncode == 0, result.stderr
-    progress = [line for line in result.stdout.splitlines() if line.startswith("[")]
-    assert sorted(line.split(" ")[0] for line in progress) == ["[1/2]", "[2/2]"]
-    assert sorted(line.split(" ")[1] for line in progress) == [f"alice__{NAME}.ipynb:", f"bob__{NAME}.ipynb:"]
-    # what grading them one after another gives (test_a_class_grades_to_the_right_statuses grades such answers)
-    statuses = {f"alice__{NAME}.ipynb": ("passed", "passed", "passed"),
-                f"bob__{NAME}.ipynb": ("passed", "failed", "not attempted")}  # fmt: skip
-    assert {(row["submission"], row["exercise"], row["status"]) for row in read_grades(out)} == {
-        (submission, exercise, status)
-        for submission, row in statuses.items()
-        for exercise, status in zip(RIGHT_IDS, row)
-    }
-    feedback = out.parent / "grades_feedback"
-    alice, bob = [probe(feedback / f"{name}__{NAME}.ipynb") for name in ("alice", "bob")]
-    assert alice["started"] < bob["ended"] and bob["started"] < alice["ended"], "--jobs 2 ran them one after another"
-    assert alice["work"] != bob["work"] and alice["tmp"] != bob["tmp"]
-    assert alice["mlflow"] is None and bob["mlflow"] is None
-    assert "spark.ui.enabled=false" in alice["spark"]
 
 
 @pytest.mark.slow

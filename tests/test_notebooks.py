@@ -2,9 +2,10 @@
 
 papermill ``--prepare-only`` injects the CI parameters; nbval executes the prepared notebook once and, in the same
 run, compares the outputs marked ``# NBVAL_CHECK_OUTPUT``; every check cell logs its record (``$COURSE_CHECK_LOG``),
-and every exercise must have passed. The generated lesson runs only what its checks need (its imports, the
-exercise stubs and the check cells) and every exercise must report "not attempted". The course's fixture notebook
-goes through the same tests, so the machinery is proven even before ``solutions/`` holds a notebook.
+and every exercise must have passed; the seconds each check took go to the run's table of the slowest checks. The
+generated lesson runs only what its checks need (its imports, the exercise stubs and the check cells) and every
+exercise must report "not attempted". The course's fixture notebook goes through the same tests, so the machinery
+is proven even before ``solutions/`` holds a notebook.
 """
 
 from __future__ import annotations
@@ -93,8 +94,12 @@ def run_once(notebook: Path, work: Path, scratch: Path) -> tuple[subprocess.Comp
 
 @pytest.mark.slow
 @pytest.mark.parametrize("notebook", NOTEBOOKS)
-def test_solution_runs_once_passes_every_check_and_matches_its_outputs(notebook, course_work_dir, tmp_path):
+def test_solution_runs_once_passes_every_check_and_matches_its_outputs(
+    notebook, course_work_dir, tmp_path, record_property
+):
     result, records = run_once(notebook, course_work_dir, tmp_path)
+    # conftest's table of the slowest checks reads this property
+    record_property("check_seconds", [(record["exercise"], record["seconds"]) for record in records])
     assert result.returncode == 0, result.stdout[-4000:]
     assert [record for record in records if record["status"] != PASSED] == []
     assert sorted({record["exercise"] for record in records}) == sorted(exercise_ids(notebook))

@@ -27,6 +27,7 @@ import math
 import numbers
 import os
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -426,8 +427,9 @@ def _emit(record: dict[str, str], line: str) -> None:
         print(line)
 
 
-def _log(record: dict[str, str]) -> None:
-    """Append ``record`` as a JSON line to the file named by :data:`LOG_ENV`, if set (the test suite reads it)."""
+def _log(record: dict[str, Any]) -> None:
+    """Append ``record`` as a JSON line to the file named by :data:`LOG_ENV`, if set (the test suite reads it, and
+    reports the checks that took longest from their ``seconds``)."""
     path = os.environ.get(LOG_ENV)
     if path:
         with open(path, "a", encoding="utf-8") as log:
@@ -437,8 +439,9 @@ def _log(record: dict[str, str]) -> None:
 def check(exercise_id: str, answer: Any) -> bool:
     """Check ``answer`` (a value, or a namespace such as ``globals()``) for exercise ``exercise_id``.
 
-    Shows one line (correct, a hint, or not attempted), emits the grader's record (and logs it to the file
-    named by ``$COURSE_CHECK_LOG``, if set), never raises, and returns True only when the answer passed.
+    Shows one line (correct, a hint, or not attempted), emits the grader's record (and logs it, with the seconds
+    the check took, to the file named by ``$COURSE_CHECK_LOG``, if set), never raises, and returns True only when
+    the answer passed.
 
     Args:
         exercise_id: the exercise's id, ``"N.x"`` (a number such as ``1.3`` is converted with ``str()`` first).
@@ -452,10 +455,11 @@ def check(exercise_id: str, answer: Any) -> bool:
         to import).
     """
     exercise_id = str(exercise_id)
+    started = time.monotonic()
     status, message = _run(exercise_id, answer)
     record = {"exercise": exercise_id, "status": status, "message": message}
     _emit(record, format_line(exercise_id, status, message))
-    _log(record)
+    _log({**record, "seconds": round(time.monotonic() - started, 1)})
     return status == PASSED
 
 
