@@ -7,8 +7,10 @@ small Petastorm data set for the one real TorchDistributor job of 4.3.
 
 from __future__ import annotations
 
+import ast
 import math
 import os
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -19,6 +21,8 @@ from pyspark import cloudpickle as spark_cloudpickle
 
 from helpers.course.checks import _run
 from helpers.logs import quiet_library_warnings
+from helpers.workdir import REPO_ROOT
+from tests.processes import no_horovod_env
 
 # the answers below run in torchrun processes that cannot import this test module: ship them by value (Spark and
 # TorchDistributor pickle with pyspark's own copy of cloudpickle)
@@ -88,6 +92,25 @@ def launch_no_return(fn, num_workers, **kwargs):
 )
 def test_4_1_horovod_on_the_workers(spark, answer, expected):
     assert verdict("4.1", {"launch_on_workers": answer, "WORKERS": 2, "spark": spark}) == expected
+
+
+NOT_CHECKED_HERE = """
+from helpers.course.checks import _run
+def launch_on_workers(fn, num_workers, **kwargs):
+    from helpers.horovod_runner import HorovodRunner
+    return HorovodRunner(np=num_workers).run(fn, **kwargs)
+print(_run("4.1", {"launch_on_workers": launch_on_workers, "WORKERS": 2}))
+"""
+
+
+def test_4_1_cannot_be_checked_where_horovod_is_missing_and_says_so_without_blaming_the_answer():
+    hidden = no_horovod_env(str(REPO_ROOT))
+    result = subprocess.run([sys.executable, "-c", NOT_CHECKED_HERE], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, **hidden}, cwd=REPO_ROOT)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    status, message = ast.literal_eval(result.stdout.strip().splitlines()[-1])
+    assert status == "error" and message.startswith("This exercise (Horovod on Spark) needs Horovod"), message
+    assert "LAUNCHER='torch_distributor'" in message and "\n" not in message
 
 
 # ----------------------------------------------------------------------------------------- 4.2 TorchDistributor setup

@@ -18,6 +18,7 @@ from helpers.course.checks import (
     MIMETYPE,
     NOT_ATTEMPTED,
     PASSED,
+    CannotCheck,
     CheckFailed,
     NotAttempted,
     check,
@@ -129,6 +130,18 @@ def test_a_stub_function_is_not_attempted(capsys):
     assert check("98.3", square) is False
     assert capsys.readouterr().out.startswith("⏳ 98.3 not attempted")
     assert check("98.3", {"square": lambda x: x * x}) is True
+
+
+def test_a_check_that_cannot_run_here_is_an_error_with_its_reason_not_a_failure(capsys):
+    @register("98.12")
+    def needs_a_cluster(answer) -> str:
+        raise CannotCheck("this check needs Horovod, which is not installed here: go on with the next exercise")
+
+    assert check("98.12", lambda: 1) is False
+    assert capsys.readouterr().out == (
+        "⚠️ 98.12 could not be checked: this check needs Horovod, which is not installed here: go on with the next "
+        "exercise\n"
+    )
 
 
 def test_an_unexpected_exception_is_a_failure_with_its_type(capsys):

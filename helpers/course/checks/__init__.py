@@ -43,6 +43,7 @@ __all__ = [
     "MIMETYPE",
     "NOT_ATTEMPTED",
     "PASSED",
+    "CannotCheck",
     "CheckFailed",
     "Delegated",
     "NotAttempted",
@@ -77,6 +78,12 @@ class CheckFailed(Exception):
 
 class NotAttempted(Exception):
     """Raised by a check function when the exercise is still the unanswered ``...`` stub."""
+
+
+class CannotCheck(Exception):
+    """Raised by a check function when this machine or cluster cannot run the check (e.g. Horovod is not installed):
+    neither a pass nor the learner's failure; its message says why and what to do, and the status is
+    :data:`ERROR` ("could not be checked")."""
 
 
 def register(exercise_id: str) -> Callable[[CheckFunction], CheckFunction]:
@@ -340,6 +347,8 @@ def _judged(call: Callable[[], Any], check_code: set[Any] | None = None) -> tupl
         return NOT_ATTEMPTED, str(reason) or "replace the `...` with your code"
     except CheckFailed as hint:
         return FAILED, str(hint)
+    except CannotCheck as reason:
+        return ERROR, str(reason)
     except Exception as error:  # noqa: BLE001 - the student's code may raise anything
         if _raised_in_answer(error, check_code or set()):
             return FAILED, f"{type(error).__name__}: {error}"

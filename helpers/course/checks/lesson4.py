@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from helpers.course.checks import CheckFailed, Delegated, close, own_work, register, require, whole_number
+from helpers.course.checks import CannotCheck, CheckFailed, Delegated, close, own_work, register, require, whole_number
 from helpers.logs import logger_levels
 
 __all__ = [
@@ -76,13 +76,21 @@ def launch_on_workers_check(namespace) -> str:
 
     Raises:
         NotAttempted: ``launch_on_workers`` is not defined, or is a stub.
+        CannotCheck: Horovod is not installed here (Databricks Runtime 16.0 ML and later): the answer is not run.
         CheckFailed: ``WORKERS`` is not a whole number; the result is not rank 0's list for that many processes;
             ``fn`` did not get its keyword arguments; a rank ran on the driver, not in a Spark task.
         Exception: any other error from the answer (e.g. ``HorovodRunner``'s), unchanged (``check`` shows it as
             a failure).
     """
+    from helpers import CourseInputError
+    from helpers.devices import require_horovod
+
     launch_on_workers = require(namespace, "launch_on_workers")
     workers = _workers(namespace)
+    try:
+        require_horovod("This exercise (Horovod on Spark)")
+    except CourseInputError as missing:
+        raise CannotCheck(str(missing)) from None
     for count in sorted({1, workers}):
         tag = random.Random(count).randrange(10**6)
         ranks = launch_on_workers(_where_job, count, tag=tag)
