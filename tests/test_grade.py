@@ -46,6 +46,7 @@ FAKE_RECORD = (
     "{'exercise': args[0], 'status': 'passed', 'message': 'fake'}}, raw=True)\n"
     "check('99.2', None)"
 )
+# A student-added cell, appended after the lesson's last cell: what the kernel saw, and when it ran.
 ENVIRONMENT_PROBE = (
     "import json, os, time\n"
     "started = time.time()\n"
@@ -247,9 +248,6 @@ def test_bad_input_is_one_line(tmp_path, args, message):
     )  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.startswith(message) and result.stderr.strip().count("\n") == 0
-
-
-# A student-added cell, appended after the lesson's last cell: what the kernel saw, and when it ran.
 
 
 def grade_command(submissions: Path, out: Path, *options: str) -> list[str]:
