@@ -25,7 +25,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import pandas as pd
-from mlflow.tracking import MlflowClient
 
 from helpers.tracking import resolve_uri
 
@@ -79,6 +78,8 @@ def job_clock() -> Iterator[JobClock]:
 def log_job_clock(run_id: str, clock: JobClock, tracking_uri: str | None = None) -> None:
     """Add the driver's readings (:data:`JOB_CLOCKS`) to the job's MLflow run ``run_id`` in ``tracking_uri``
     (default: the store ``setup_mlflow`` set in this process, else the course's local store)."""
+    from mlflow.tracking import MlflowClient  # imported here: a training process imports this module to read its clock
+
     client = MlflowClient(resolve_uri(tracking_uri))
     for name, at in zip(JOB_CLOCKS, (clock.started_at, clock.ended_at)):
         client.log_metric(run_id, name, at)

@@ -7,6 +7,9 @@ workspace's URI (``"databricks"``, ``"http://host:5000"``): it is used as given.
 The model registry is MLflow's choice for that URI (``MLFLOW_REGISTRY_URI`` overrides it). Unity Catalog's registry
 (``databricks-uc``) takes three-level names, ``catalog.schema.model``: with ``COURSE_MODEL_SCHEMA=catalog.schema``
 the course's own names (``image-classifier``) are registered in that schema (:func:`registry_name`).
+
+MLflow is imported by the functions that call it: a training process other than global rank 0 never does, and the
+import costs each process about a second of CPU.
 """
 
 from __future__ import annotations
@@ -18,8 +21,6 @@ import uuid
 from datetime import datetime
 from urllib.parse import urlparse
 
-import mlflow
-from mlflow.tracking import MlflowClient
 from torch import nn
 
 from helpers import CourseInputError
@@ -99,6 +100,8 @@ def resolve_uri(uri: str | None) -> str:
         ``uri`` if given, else the URI set earlier in this process, else the course default.
     """
     if uri is None and _uri_set_in_process():
+        import mlflow
+
         return mlflow.get_tracking_uri()
     return tracking_uri(uri)
 
@@ -121,6 +124,9 @@ def setup_mlflow(experiment: str, uri: str | None = None) -> str:
     """
     if not experiment or not experiment.strip():
         raise CourseInputError("experiment is empty: pass an experiment name such as 'lesson2-digits'.")
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
     resolved = tracking_uri(uri)
     mlflow.set_tracking_uri(resolved)
     client = MlflowClient(resolved)
@@ -211,6 +217,9 @@ def load_registered_model(name: str, version: str | int = "latest", uri: str | N
         CourseInputError: the store has no version of ``name``, or the name does not suit the registry
             (:func:`registry_name`).
     """
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
     resolved = resolve_uri(uri)
     mlflow.set_tracking_uri(resolved)
     name = registry_name(name, mlflow.get_registry_uri())
@@ -237,5 +246,7 @@ def metric_history(run_id: str, key: str, uri: str | None = None) -> list[tuple[
     Returns:
         ``(step, value)`` pairs sorted by step.
     """
+    from mlflow.tracking import MlflowClient
+
     history = MlflowClient(resolve_uri(uri)).get_metric_history(run_id, key)
     return sorted((metric.step, metric.value) for metric in history)

@@ -2,7 +2,8 @@
 
 ``train`` is the function every later lesson reuses: lesson 3 passes a Horovod strategy, lesson 4 DDP under
 TorchDistributor. It adds early stopping, checkpoints (and resuming from one) and MLflow tracking on global
-rank 0 only.
+rank 0 only. MLflow is imported only where it is called: the other ranks never import it (about a second of CPU
+each).
 """
 
 from __future__ import annotations
@@ -20,11 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import mlflow
 import pytorch_lightning as pl
 import torch
 from lightning_fabric.utilities.cloud_io import get_filesystem
-from mlflow.models import infer_signature
 from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 from pytorch_lightning.callbacks.early_stopping import EarlyStoppingReason
 from torch import nn
@@ -267,6 +266,9 @@ def _registered_name(experiment: str) -> str:
 def _log_and_register_model(model: pl.LightningModule, name: str) -> str:
     """Log the trained network (torch.export "pt2" format, CPU) to the active run and register it; return
     the new version. The example input fixes the signature: float32 N x 3 x image_size x image_size."""
+    import mlflow
+    from mlflow.models import infer_signature
+
     network = copy.deepcopy(getattr(model, "network", model)).cpu().eval()
     size = int(model.hparams.get("image_size", 32))
     example = torch.zeros(2, 3, size, size)
@@ -368,6 +370,8 @@ def _fit_untracked(fit: Callable[[], float], trainer: pl.Trainer, experiment: st
     """Fit without recording; return the wall time."""
     if experiment is None and trainer.global_rank == 0:
         # autolog left on by an earlier tracked train() in this process would open a run of its own
+        import mlflow
+
         mlflow.pytorch.autolog(disable=True)
     return fit()
 
@@ -411,6 +415,8 @@ def _fit_tracked(
     registered as ``registry_name(model_name)``. Return the wall time and what was recorded."""
     # checked before the fit, and before MLflow opens the registry: a name Unity Catalog's registry refuses would
     # otherwise fail only when the trained model is registered
+    import mlflow
+
     mlflow.set_tracking_uri(course_tracking_uri(uri))
     model_name = registry_name(model_name, mlflow.get_registry_uri())
     experiment_id = setup_mlflow(experiment, uri)
