@@ -72,7 +72,7 @@ def test_the_driver_is_reached_on_its_own_address_and_executors_follow_the_slots
     # worker-2 names itself as stock Debian does: left to itself, torch's Gloo would bind to 127.0.1.1 there
     with multihost.name_resolving_to_loopback("worker-2"):
         report, out = driver_report(multihost)
-    assert report is not None, out[-4000:]
+    assert report is not None, told(out)
     assert report["driver_host"] == multihost.hosts["driver"].address
     assert Counter(host for host, _ in report["tasks"]) == {"worker-1": 2, "worker-2": 1}
     assert {probe for _, probe in report["tasks"]} == {"from-the-driver"}
@@ -107,7 +107,7 @@ def test_lessons_4_5_and_6_pass_every_check_behind_a_firewall_open_only_to_the_l
         process = multihost.run("driver", command, env={LOG_ENV: log, **no_horovod_env(str(REPO_ROOT))},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
         out, _ = process.communicate(timeout=1800)
-        assert process.returncode == 0, f"{out[-6000:]}\nports the firewall dropped: {firewall.dropped()}"
+        assert process.returncode == 0, f"{told(out)}\nports the firewall dropped: {firewall.dropped()}"
     records = [json.loads(line) for line in (multihost.shared / "checks.jsonl").read_text().splitlines()]
     # 4.1 is Horovod on Spark: where Horovod is missing its check says it could not be checked here (not the
     # learner's failure), in one line that says what to do
@@ -144,6 +144,16 @@ def listed_ports_only(cluster: MultiHostCluster, ray_nodes: int = 0) -> Iterator
     with cluster.firewall([(ports.first, ports.last) for ports in allowed]) as firewall:
         assert not reachable(cluster, "worker-1", "worker-2", UNLISTED_PORT)
         yield firewall
+
+
+ERROR_LINE = re.compile(r"Error|Exception|Traceback|Killed|Signal \d+|exited with", re.IGNORECASE)
+
+
+def told(out: str) -> str:
+    """What a command printed, for a failed assertion: the lines naming an error, wherever they are (a launcher's
+    cause is often far above the table it ends with), then the last 3000 characters."""
+    errors = [line[:300] for line in out.splitlines() if ERROR_LINE.search(line)]
+    return "\n".join(["lines naming an error:", *errors[:60], "the end:", out[-3000:]])
 
 
 UNLISTED_PORT = 6000  # in no range of helpers.ports.needed_ports
@@ -234,8 +244,8 @@ def test_the_preflight_passes_every_row_on_a_healthy_cluster_behind_a_firewall_o
     with listed_ports_only(multihost) as firewall:
         status, rows, out = preflight(multihost)
         out += f"\nports the firewall dropped: {firewall.dropped()}"
-    assert status == 0, out[-4000:]
-    assert {result for result, _, _ in rows.values()} == {"ok"}, out[-4000:]
+    assert status == 0, told(out)
+    assert {result for result, _, _ in rows.values()} == {"ok"}, told(out)
     for item in ("versions", "java", "host name", "mlflow", "shared folder"):
         assert {host for (name, host) in rows if name == item} == {"worker-1", "worker-2"}, item
     assert "3 processes on worker-1, worker-2, interface eth0" in rows[("torch_distributor", "all")][1]
@@ -256,9 +266,9 @@ def test_each_fault_of_a_host_fails_exactly_its_own_preflight_row(multihost):
     ):
         status, rows, out = preflight(multihost, params=f"{SHARED_MOUNT}/{unnamed.name}")
     failed = {key: row for key, row in rows.items() if row[0] == "FAIL"}
-    assert status == 1, out[-4000:]
+    assert status == 1, told(out)
     assert set(failed) == {("shared folder", "worker-2"), ("versions", "worker-1"), ("host name", "worker-2"),
-                           ("mlflow", "driver")}, out[-4000:]  # fmt: skip
+                           ("mlflow", "driver")}, told(out)  # fmt: skip
     assert f"petastorm 0.12.0 (driver {metadata.version('petastorm')})" in failed[("versions", "worker-1")][1]
     assert "127.0.1.1" in failed[("host name", "worker-2")][1]
     assert all(fix for _, _, fix in failed.values()), failed
@@ -277,7 +287,7 @@ def test_the_preflight_fails_the_launcher_rows_when_a_firewall_blocks_the_ports_
         status, rows, out = preflight(multihost, "--bound", str(FIREWALL_BOUND_S))
     failed = {key: row for key, row in rows.items() if row[0] == "FAIL"}
     expected = {("torch_distributor", "all")} | ({("horovod", "all")} if horovod_installed() else set())
-    assert status == 1 and set(failed) == expected, out[-4000:]
+    assert status == 1 and set(failed) == expected, told(out)
     assert all("open the ports between the workers" in fix for _, _, fix in failed.values()), failed
 
 
@@ -327,7 +337,7 @@ def host_faults(multihost) -> list[dict]:
             break
         reports.append({**json.loads(report.read_text()), "left_on_worker_1": left_on_worker_1.get(name)})
     out, _ = process.communicate(timeout=600)
-    assert len(reports) == len(launchers), out[-6000:]
+    assert len(reports) == len(launchers), told(out)
     return reports
 
 
