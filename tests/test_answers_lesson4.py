@@ -40,65 +40,111 @@ def verdict(exercise: str, answer) -> str:
 # ------------------------------------------------------------------------------------------------ 4.1 HorovodRunner
 
 
-def launch_positive(fn, num_workers, **kwargs):
+def launch_gathered(fn, num_workers, **kwargs):
     from helpers.horovod_runner import HorovodRunner
 
-    return HorovodRunner(np=num_workers).run(fn, **kwargs)
+    def every_rank():
+        import horovod.torch as hvd
+
+        hvd.init()
+        return hvd.allgather_object(fn(**kwargs), name="every rank's value")
+
+    return HorovodRunner(np=num_workers).run(every_rank)
+
+
+def launch_gathered_unnamed(fn, num_workers, **kwargs):
+    from helpers.horovod_runner import HorovodRunner
+
+    def every_rank():
+        import horovod.torch as hvd
+
+        hvd.init()
+        return hvd.allgather_object(fn(**kwargs))  # named after the value's type: another name on rank 0
+
+    return HorovodRunner(np=num_workers).run(every_rank)
+
+
+def _call_and_gather(fn, kwargs):
+    import horovod.torch as hvd
+
+    hvd.init()
+    mine = fn(**kwargs)
+    # one root at a time, each broadcast named alike on every rank
+    return [hvd.broadcast_object(mine, root_rank=rank, name=f"from {rank}") for rank in range(hvd.size())]
 
 
 def launch_spelled_out(fn, num_workers, **kwargs):
     from helpers.horovod_runner import HorovodRunner as Runner
 
     runner = Runner(np=+abs(num_workers), driver_log_verbosity="log_callback_only")
-    result = runner.run(fn, **kwargs)
-    return result
+    return tuple(runner.run(_call_and_gather, fn=fn, kwargs=kwargs))
+
+
+def launch_rank_0_only(fn, num_workers, **kwargs):
+    from helpers.horovod_runner import HorovodRunner
+
+    return HorovodRunner(np=num_workers).run(fn, **kwargs)
+
+
+def launch_rank_0_repeated(fn, num_workers, **kwargs):
+    from helpers.horovod_runner import HorovodRunner
+
+    return [HorovodRunner(np=num_workers).run(fn, **kwargs)] * num_workers
 
 
 def launch_on_driver(fn, num_workers, **kwargs):
     from helpers.horovod_runner import HorovodRunner
 
-    return HorovodRunner(np=-num_workers).run(fn, **kwargs)
+    return HorovodRunner(np=-num_workers).run(_call_and_gather, fn=fn, kwargs=kwargs)
 
 
 def launch_two(fn, num_workers, **kwargs):
     from helpers.horovod_runner import HorovodRunner
 
-    return HorovodRunner(np=2).run(fn, **kwargs)
+    return HorovodRunner(np=2).run(_call_and_gather, fn=fn, kwargs=kwargs)
 
 
 def launch_no_kwargs(fn, num_workers, **kwargs):
     from helpers.horovod_runner import HorovodRunner
 
-    return HorovodRunner(np=num_workers).run(fn)
+    return HorovodRunner(np=num_workers).run(_call_and_gather, fn=fn, kwargs={})
 
 
 def launch_no_return(fn, num_workers, **kwargs):
     from helpers.horovod_runner import HorovodRunner
 
-    HorovodRunner(np=num_workers).run(fn, **kwargs)
+    HorovodRunner(np=num_workers).run(_call_and_gather, fn=fn, kwargs=kwargs)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "answer, expected",
+    "answer, expected, says",
     [
-        (launch_positive, "passed"),
-        (launch_spelled_out, "passed"),
-        (launch_on_driver, "failed"),
-        (launch_two, "failed"),
-        (launch_no_kwargs, "failed"),
-        (launch_no_return, "failed"),
+        (launch_gathered, "passed", "every rank's value came back, in rank order, from 1 and 2"),
+        (launch_spelled_out, "passed", "every rank's value came back"),
+        (launch_gathered_unnamed, "failed", "pairs collectives up by name"),
+        (launch_rank_0_only, "failed", "hands back rank 0's value only"),
+        (launch_rank_0_repeated, "failed", "expected ranks 0 to 1 of 2, in rank order"),
+        (launch_on_driver, "failed", "ran on the driver"),
+        (launch_two, "failed", "returned 2 values, expected one per process"),
+        (launch_no_kwargs, "failed", "tag"),
+        (launch_no_return, "failed", "returned None"),
     ],
 )
-def test_4_1_horovod_on_the_workers(spark, answer, expected):
-    assert verdict("4.1", {"launch_on_workers": answer, "WORKERS": 2, "spark": spark}) == expected
+def test_4_1_horovod_on_the_workers(spark, answer, expected, says):
+    status, message = _run("4.1", {"launch_on_workers": answer, "WORKERS": 2, "spark": spark})
+    assert (status, says in message) == (expected, True), message
 
 
 NOT_CHECKED_HERE = """
 from helpers.course.checks import _run
 def launch_on_workers(fn, num_workers, **kwargs):
     from helpers.horovod_runner import HorovodRunner
-    return HorovodRunner(np=num_workers).run(fn, **kwargs)
+    def every_rank():
+        import horovod.torch as hvd
+        hvd.init()
+        return hvd.allgather_object(fn(**kwargs), name="every rank's value")
+    return HorovodRunner(np=num_workers).run(every_rank)
 print(_run("4.1", {"launch_on_workers": launch_on_workers, "WORKERS": 2}))
 """
 

@@ -49,23 +49,83 @@ def _check_dir(name: str) -> Path:
 # ---------------------------------------------------------------------------------------------------------- 4.1
 
 
-def _where_job(tag: int) -> list[dict[str, Any]]:
-    """In each Horovod process: its rank, ``tag`` (proves the keyword arguments arrived) and the Spark task
-    process above it (an executor JVM, or a local master's Python worker daemon; None outside Spark)."""
+class RankZeroReport(dict):
+    """Rank 0's report from :func:`_where_rank`: a type of its own, as ``train_hvd`` returns a result on rank 0 and
+    None on the others (a collective named after the value's type then has a different name on rank 0)."""
+
+
+#: The stall bound of the check's Horovod jobs: ranks that wait in differently named collectives fail in half a
+#: minute (the ranks meet in ``hvd.init()``, so a correct answer's gather waits a second at most)
+_CHECK_STALL_S = "30"
+_STALLED = "helpers.jobs.StalledCollectiveError: "
+
+
+def _where_rank(tag: int) -> dict[str, Any]:
+    """In each Horovod process: its rank and size, ``tag`` (proves the keyword arguments arrived) and the Spark task
+    process above it (an executor JVM, or a local master's Python worker daemon; None outside Spark); a
+    :class:`RankZeroReport` on rank 0."""
     import horovod.torch as hvd
     import psutil
 
     hvd.init()
     marks = ("CoarseGrainedExecutorBackend", "pyspark.daemon")
     task = next((p.pid for p in psutil.Process().parents() if any(m in " ".join(p.cmdline()) for m in marks)), None)
-    where = {"rank": hvd.rank(), "size": hvd.size(), "executor": task, "tag": tag}
-    return hvd.allgather_object(where, name="the check gathering where every rank runs")
+    report = {"rank": hvd.rank(), "size": hvd.size(), "executor": task, "tag": tag}
+    return RankZeroReport(report) if hvd.rank() == 0 else report
+
+
+def _launched(launch_on_workers, count: int, tag: int) -> Any:
+    """What the answer returned for ``count`` processes of :func:`_where_rank`; a stall between differently named
+    collectives (the default name of ``hvd.allgather_object`` is the value's type) as the learner's failure."""
+    from helpers.horovod_runner import HorovodWorkerError
+    from helpers.jobs import STALL_TIMEOUT_ENV
+
+    try:
+        with mock.patch.dict(os.environ, {STALL_TIMEOUT_ENV: _CHECK_STALL_S}):
+            return launch_on_workers(_where_rank, count, tag=tag)
+    except HorovodWorkerError as error:
+        if "StalledCollectiveError" not in str(error):
+            raise
+        stalled = error.reason.removeprefix(_STALLED)
+        raise CheckFailed(
+            f"the ranks of launch_on_workers(fn, {count}) never met in one collective: {stalled}. Horovod "
+            "pairs collectives up by name, and hvd.allgather_object names its own after the type of the value, "
+            "which differs where rank 0 returns another type (train_hvd: a result on rank 0, None on the others): "
+            "give it a name"
+        ) from None
+
+
+def _judge_every_rank(returned: Any, count: int, tag: int) -> None:
+    """Raise :class:`CheckFailed` unless ``returned`` is every rank's report of :func:`_where_rank`, in rank order,
+    each from a Spark task."""
+    call = f"launch_on_workers(fn, {count}, tag={tag})"
+    if not isinstance(returned, list | tuple) or not all(isinstance(r, dict) for r in returned):
+        raise CheckFailed(
+            f"{call} returned {returned!r:.300}, expected a list of every rank's value: `run` hands back "
+            "rank 0's value only, so gather every rank's inside the function it runs (hvd.allgather_object)"
+        )
+    if len(returned) != count:
+        raise CheckFailed(f"{call} returned {len(returned)} values, expected one per process: start num_workers")
+    ranks = [(r.get("rank"), r.get("size")) for r in returned]
+    if ranks != [(rank, count) for rank in range(count)]:
+        raise CheckFailed(
+            f"{call} returned the values of (rank, size) {ranks}, expected ranks 0 to {count - 1} of {count}, "
+            "in rank order: each process's own value, gathered (hvd.allgather_object gathers in rank order)"
+        )
+    if any(r.get("tag") != tag for r in returned):
+        raise CheckFailed("fn did not get its keyword arguments: call fn(**kwargs) in every process")
+    on_driver = [r["rank"] for r in returned if r.get("executor") is None]
+    if on_driver:
+        raise CheckFailed(
+            f"ranks {on_driver} ran on the driver, not in Spark tasks: np=-N starts N processes "
+            "on this machine, np=+N starts them as Spark tasks on the workers"
+        )
 
 
 @register("4.1")
 def launch_on_workers_check(namespace) -> str:
-    """``launch_on_workers(fn, num_workers, **kwargs)``: ``fn(**kwargs)`` runs as Horovod processes in Spark tasks;
-    called for 1 process and for the notebook's ``WORKERS``.
+    """``launch_on_workers(fn, num_workers, **kwargs)``: ``fn(**kwargs)`` runs as Horovod processes in Spark tasks
+    and every rank's value comes back, in rank order; called for 1 process and for the notebook's ``WORKERS``.
 
     Args:
         namespace: the notebook's ``globals()``, holding ``launch_on_workers`` and ``WORKERS`` (default 2), with
@@ -77,8 +137,9 @@ def launch_on_workers_check(namespace) -> str:
     Raises:
         NotAttempted: ``launch_on_workers`` is not defined, or is a stub.
         CannotCheck: Horovod is not installed here (Databricks Runtime 16.0 ML and later): the answer is not run.
-        CheckFailed: ``WORKERS`` is not a whole number; the result is not rank 0's list for that many processes;
-            ``fn`` did not get its keyword arguments; a rank ran on the driver, not in a Spark task.
+        CheckFailed: ``WORKERS`` is not a whole number; the ranks waited in differently named collectives; the
+            result is not a list of every rank's value in rank order; ``fn`` did not get its keyword arguments; a
+            rank ran on the driver, not in a Spark task.
         Exception: any other error from the answer (e.g. ``HorovodRunner``'s), unchanged (``check`` shows it as
             a failure).
     """
@@ -93,21 +154,8 @@ def launch_on_workers_check(namespace) -> str:
         raise CannotCheck(str(missing)) from None
     for count in sorted({1, workers}):
         tag = random.Random(count).randrange(10**6)
-        ranks = launch_on_workers(_where_job, count, tag=tag)
-        if not isinstance(ranks, list) or len(ranks) != count:
-            raise CheckFailed(
-                f"launch_on_workers(fn, {count}) returned {ranks!r}, expected the list rank 0 returned "
-                f"for {count} processes: return HorovodRunner(np=num_workers).run(fn, **kwargs)"
-            )
-        if any(r.get("tag") != tag for r in ranks):
-            raise CheckFailed("fn did not get its keyword arguments: pass **kwargs on to run")
-        on_driver = [r["rank"] for r in ranks if r["executor"] is None]
-        if on_driver:
-            raise CheckFailed(
-                f"ranks {on_driver} ran on the driver, not in Spark tasks: np=-N starts N processes "
-                "on this machine, np=+N starts them as Spark tasks on the workers"
-            )
-    return f"1 and {workers} Horovod processes ran as Spark tasks"
+        _judge_every_rank(_launched(launch_on_workers, count, tag), count, tag)
+    return f"every rank's value came back, in rank order, from 1 and {workers} Horovod processes in Spark tasks"
 
 
 # ---------------------------------------------------------------------------------------------------------- 4.2
