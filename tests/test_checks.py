@@ -320,3 +320,45 @@ def test_whole_number_accepts_any_integral_type(value):
 def test_whole_number_rejects_the_rest(value):
     with pytest.raises(CheckFailed, match="whole number"):
         checks.whole_number(value, "f")
+
+
+def _ranks_reporting(record_dir: str, error: BaseException | None) -> None:
+    """A stand-in launcher: ranks 0 and 1 in turn, each filling its report; rank 1 raises ``error`` (if any), and the
+    launcher then fails with an error of its own, as TorchDistributor and Ray Train do."""
+    from unittest import mock
+
+    from helpers.course.checks.ranks import rank_report
+
+    for rank in (0, 1):
+        with mock.patch.dict("os.environ", {"RANK": str(rank)}):
+            try:
+                with rank_report(record_dir, seen=[]) as report:
+                    report["seen"].append(rank * 10)
+                    if rank == 1 and error is not None:
+                        raise error
+            except type(error):
+                raise RuntimeError("the launcher's own summary") from None
+
+
+def test_a_real_job_gives_every_rank_s_report_and_leaves_no_folder(work_dir):
+    from helpers.course.checks.ranks import recorded_job
+
+    reports = recorded_job("t-reports", "the test job", lambda folder: _ranks_reporting(folder, None))
+    assert {rank: report["seen"] for rank, report in reports.items()} == {0: [0], 1: [10]}
+    assert not list(Path(work_dir).rglob("rank-*.json"))
+
+
+@pytest.mark.parametrize(
+    "error, verdict, says",
+    [
+        (ValueError("bad shard"), CheckFailed, "the test job failed: ValueError: bad shard"),
+        (checks.Delegated("write it yourself"), checks.Delegated, "write it yourself"),
+    ],
+)
+def test_a_failed_job_is_judged_by_the_rank_that_raised(work_dir, error, verdict, says):
+    from helpers.course.checks.ranks import recorded_job
+
+    with pytest.raises(verdict) as caught:
+        recorded_job("t-reports", "the test job", lambda folder: _ranks_reporting(folder, error))
+    assert str(caught.value) == says and type(caught.value) is verdict
+    assert not list(Path(work_dir).rglob("rank-*.json"))

@@ -5,11 +5,9 @@ MLflow runs and 4.5 its own checkpoint folders, so no verdict depends on how wel
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
-import uuid
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +15,8 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from helpers.course.checks import CannotCheck, CheckFailed, Delegated, close, own_work, register, require, whole_number
+from helpers.course.checks import CannotCheck, CheckFailed, close, own_work, register, require, whole_number
+from helpers.course.checks.ranks import FitStopped, check_dir, rank_report, recorded_fits, recorded_job, torchrun_env
 from helpers.logs import logger_levels
 
 __all__ = [
@@ -37,13 +36,6 @@ TABLE_COLUMNS = ("wall_time_s", "val_loss", "val_acc")
 def _workers(namespace) -> int:
     """The notebook's own number of training processes (``WORKERS``)."""
     return whole_number(namespace.get("WORKERS", 2), "WORKERS")
-
-
-def _check_dir(name: str) -> Path:
-    """A fresh folder for one check under the work directory (shared storage on a real cluster)."""
-    from helpers.workdir import work_path
-
-    return work_path("checks", f"{name}-{uuid.uuid4().hex[:8]}")
 
 
 # ---------------------------------------------------------------------------------------------------------- 4.1
@@ -356,23 +348,6 @@ def _compare_table(table, launchers: list[str], last: dict[str, dict[str, float]
 
 # ---------------------------------------------------------------------------------------------------------- 4.3
 
-_TORCHRUN_KEYS = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "NODE_RANK",
-    "ROLE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-)
-
-
-class _FitStopped(Exception):
-    """Raised instead of fitting when the check only looks at the Trainer an answer built."""
-
 
 def _ddp_helpers() -> tuple[Any, ...]:
     """The course's helpers that would do exercise 4.3 for the learner."""
@@ -389,82 +364,6 @@ def _ddp_helpers() -> tuple[Any, ...]:
         ddp_layout,
         make_distributor,
     )
-
-
-@contextmanager
-def _recorded_fits(records: list[dict[str, Any]], stop: bool) -> Iterator[None]:
-    """Record the layout of every ``Trainer.fit`` (and the datamodule's shard); fit for real unless ``stop``.
-
-    The hook is ``Trainer._fit_impl``, which ``fit`` calls with positional arguments once the launcher has run:
-    ``Trainer.fit`` itself is patched and reverted by MLflow's autolog (``train()`` turns autolog off), which
-    would undo a patch there and let a simulated rank wait forever for its peers.
-    """
-    import pytorch_lightning as pl
-    from pytorch_lightning.accelerators import CUDAAccelerator
-
-    original = pl.Trainer._fit_impl
-
-    def fit(trainer, model, train_dataloaders=None, val_dataloaders=None, datamodule=None, *args, **kwargs):
-        data = datamodule or train_dataloaders
-        records.append(
-            {
-                "devices": trainer.num_devices,
-                "num_nodes": trainer.num_nodes,
-                "world_size": trainer.world_size,
-                "global_rank": trainer.global_rank,
-                "strategy": type(trainer.strategy).__name__,
-                "gpu": isinstance(trainer.accelerator, CUDAAccelerator),
-                "shard": [getattr(data, "device_id", None), getattr(data, "device_count", None)],
-                "max_epochs": trainer.max_epochs,
-                "batch_size": getattr(data, "batch_size", None),
-                "learning_rate": getattr(model, "learning_rate", None),
-            }
-        )
-        if stop:
-            raise _FitStopped
-        return original(trainer, model, train_dataloaders, val_dataloaders, datamodule, *args, **kwargs)
-
-    pl.Trainer._fit_impl = fit
-    try:
-        yield
-    finally:
-        pl.Trainer._fit_impl = original
-
-
-@contextmanager
-def _torchrun_env(rank: int, world_size: int, local_mode: bool) -> Iterator[None]:
-    """This process's environment as ``torchrun`` sets it for ``rank`` of ``world_size`` (one node with all of them
-    locally, one node per process on workers), not a notebook's to Lightning (a torchrun process is not one);
-    Lightning's rank-zero state is restored afterwards."""
-    from lightning_fabric.utilities import rank_zero as fabric_rank_zero
-    from pytorch_lightning.utilities import rank_zero
-
-    per_node = world_size if local_mode else 1
-    env = {
-        "RANK": rank,
-        "WORLD_SIZE": world_size,
-        "LOCAL_RANK": rank % per_node,
-        "LOCAL_WORLD_SIZE": per_node,
-        "GROUP_RANK": rank // per_node,
-        "NODE_RANK": rank // per_node,
-        "ROLE_RANK": rank,
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": "29599",
-        "TORCHELASTIC_RUN_ID": "check-4.3",
-    }
-    saved_env = {key: os.environ.get(key) for key in _TORCHRUN_KEYS}
-    saved_ranks = (rank_zero.rank_zero_only.rank, fabric_rank_zero.rank_zero_only.rank)
-    os.environ.update({key: str(value) for key, value in env.items()})
-    try:
-        with mock.patch("pytorch_lightning.trainer.connectors.accelerator_connector._IS_INTERACTIVE", False):
-            yield
-    finally:
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        rank_zero.rank_zero_only.rank, fabric_rank_zero.rank_zero_only.rank = saved_ranks
 
 
 def _judge_fit(
@@ -524,11 +423,11 @@ def _judge_settings(fit: dict[str, Any], settings: Any, where: str, world_size: 
 def _simulated(answer, args: tuple, rank: int, world_size: int, local_mode: bool) -> None:
     """Call ``answer`` here as ``rank`` of a simulated torchrun job, stopping at ``fit``, and judge its Trainer."""
     records: list[dict[str, Any]] = []
-    with _torchrun_env(rank, world_size, local_mode), _recorded_fits(records, stop=True):
+    with torchrun_env(rank, world_size, local_mode), recorded_fits(records, stop=True):
         try:
             with own_work(*_ddp_helpers()):
                 answer(*args, local_mode=local_mode)
-        except _FitStopped:
+        except FitStopped:
             pass
     _judge_fit(records, rank, world_size, local_mode, use_gpu=False, settings=args[3])
 
@@ -550,23 +449,11 @@ def run_recorded(answer, record_dir: str, *args: Any, **kwargs: Any) -> Any:
         Exception: whatever ``answer`` raises (:class:`~helpers.course.checks.Delegated` when it calls one of
             the course's training helpers), after the report is written.
     """
-    rank = int(os.environ.get("RANK", "0"))
-    report: dict[str, Any] = {"rank": rank, "fits": [], "returned": False, "error": None, "delegated": False}
-    try:
-        with _recorded_fits(report["fits"], stop=False), own_work(*_ddp_helpers()):
+    with rank_report(record_dir, fits=[], returned=False) as report:
+        with recorded_fits(report["fits"], stop=False), own_work(*_ddp_helpers()):
             output = answer(*args, **kwargs)
         report["returned"] = output is not None
         return output
-    except BaseException as exc:
-        report["error"] = f"{type(exc).__name__}: {exc}"[:500]
-        report["delegated"] = isinstance(exc, Delegated)
-        raise
-    finally:
-        Path(record_dir, f"rank-{rank}.json").write_text(json.dumps(report))
-
-
-def _reports(record_dir: Path) -> dict[int, dict[str, Any]]:
-    return {r["rank"]: r for r in (json.loads(p.read_text()) for p in record_dir.glob("rank-*.json"))}
 
 
 def _on_workers(answer, namespace, args: tuple, workers: int, use_gpu: bool) -> None:
@@ -577,25 +464,15 @@ def _on_workers(answer, namespace, args: tuple, workers: int, use_gpu: bool) -> 
     from helpers.spark import configure_python_env
 
     spark = require(namespace, "spark")
-    record_dir = _check_dir("4.3-reports")
-    record_dir.mkdir(parents=True)
     configure_python_env()
-    try:
-        try:
-            with watched_job(spark, workers):
-                TorchDistributor(num_processes=workers, local_mode=False, use_gpu=use_gpu).run(
-                    run_recorded, answer, str(record_dir), *args, local_mode=False
-                )
-        except Exception as exc:
-            failed = [r for r in _reports(record_dir).values() if r["error"]]
-            if any(r["delegated"] for r in failed):
-                raise Delegated(next(r["error"] for r in failed if r["delegated"]).split(": ", 1)[1]) from None
-            error = failed[0]["error"] if failed else f"{type(exc).__name__}: {str(exc)[:300]}"
-            raise CheckFailed(f"the TorchDistributor job failed on the workers: {error}") from None
-        reports = _reports(record_dir)
-    finally:
-        shutil.rmtree(record_dir, ignore_errors=True)
-    _judge_reports(reports, workers, use_gpu)
+
+    def launch(record_dir: str) -> None:
+        with watched_job(spark, workers):
+            TorchDistributor(num_processes=workers, local_mode=False, use_gpu=use_gpu).run(
+                run_recorded, answer, record_dir, *args, local_mode=False
+            )
+
+    _judge_reports(recorded_job("4.3-reports", "the TorchDistributor job on the workers", launch), workers, use_gpu)
 
 
 def _judge_reports(reports: dict[int, dict[str, Any]], workers: int, use_gpu: bool) -> None:
@@ -646,9 +523,9 @@ def ddp_training_function(namespace) -> str:
         namespace, "ddp_train", "train_converter", "val_converter", "class_names", "settings"
     )
     workers, use_gpu = _workers(namespace), bool(namespace.get("USE_GPU", False))
-    check_dir = _check_dir("4.3-checkpoints")
+    checkpoints = check_dir("4.3-checkpoints")
     quick = settings.replace(
-        max_epochs=1, mlflow_experiment=None, ckpt_restore=None, default_dir=str(check_dir), run_name=None
+        max_epochs=1, mlflow_experiment=None, ckpt_restore=None, default_dir=str(checkpoints), run_name=None
     )
     rng = random.Random(45)
     # the simulated ranks stop at fit: settings of their own show whether the answer uses the ones it is given
@@ -666,7 +543,7 @@ def ddp_training_function(namespace) -> str:
     try:
         _on_workers(ddp_train, namespace, (train_converter, val_converter, len(class_names), quick), workers, use_gpu)
     finally:
-        shutil.rmtree(check_dir, ignore_errors=True)
+        shutil.rmtree(checkpoints, ignore_errors=True)
     return f"the right Trainer in both modes; {workers} DDP processes trained on the workers and rank 0 returned"
 
 
@@ -782,7 +659,7 @@ def resume_after_lost_worker(namespace) -> str:
         ("the newest files torn", epochs, True, epochs - 1),
         ("no checkpoint yet", 0, False, 0),
     ]
-    root = _check_dir("4.5")
+    root = check_dir("4.5")
     try:
         with logger_levels({"pytorch_lightning": logging.ERROR}):
             for name, saved, torn, start in scenarios:

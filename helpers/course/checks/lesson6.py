@@ -15,16 +15,13 @@ import json
 import math
 import os
 import random
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from helpers.course.checks import (
     CheckFailed,
-    Delegated,
     NotAttempted,
     close,
     own_work,
@@ -34,7 +31,7 @@ from helpers.course.checks import (
     require_implemented,
     whole_number,
 )
-from helpers.course.checks.lesson4 import _check_dir, _FitStopped, _recorded_fits, _reports, _torchrun_env
+from helpers.course.checks.ranks import FitStopped, rank_report, recorded_fits, recorded_job, torchrun_env
 
 __all__ = [
     "LOOP_CONFIG_KEYS",
@@ -247,12 +244,12 @@ def _judge_ray_fit(fits: list[dict[str, Any]], rank: int, world_size: int, use_g
 def _simulated_loop(answer, config: dict[str, Any], rank: int, world_size: int) -> None:
     """Call ``answer(config)`` here as ``rank`` of a simulated Ray Train job, stopping at ``fit``; judge its Trainer."""
     fits: list[dict[str, Any]] = []
-    with _torchrun_env(rank, world_size, local_mode=False), _ray_session(rank, world_size):
+    with torchrun_env(rank, world_size, local_mode=False), _ray_session(rank, world_size):
         saved = dict(os.environ)  # Lightning's launchers export MASTER_ADDR, NODE_RANK, ... for the "other ranks"
         try:
-            with _recorded_fits(fits, stop=True), own_work(*_loop_helpers()), quiet_lightning():
+            with recorded_fits(fits, stop=True), own_work(*_loop_helpers()), quiet_lightning():
                 answer(dict(config))
-        except _FitStopped:
+        except FitStopped:
             pass
         finally:
             os.environ.clear()
@@ -274,26 +271,20 @@ def run_recorded_loop(answer, record_dir: str, config: dict[str, Any]) -> None:
     """
     from ray.train.v2._internal.execution.context import get_train_context
 
-    rank = int(os.environ.get("RANK", "0"))
-    report: dict[str, Any] = {"rank": rank, "fits": [], "reports": [], "error": None, "delegated": False}
     live = get_train_context()
     forward = live.report
+    with rank_report(record_dir, fits=[], reports=[]) as report:
 
-    def recorded(metrics, checkpoint=None, checkpoint_dir_name=None):
-        report["reports"].append({key: _number(value) for key, value in metrics.items()})
-        return forward(metrics, checkpoint=checkpoint, checkpoint_dir_name=checkpoint_dir_name)
+        def recorded(metrics, checkpoint=None, checkpoint_dir_name=None):
+            report["reports"].append({key: _number(value) for key, value in metrics.items()})
+            return forward(metrics, checkpoint=checkpoint, checkpoint_dir_name=checkpoint_dir_name)
 
-    live.report = recorded
-    try:
-        with _recorded_fits(report["fits"], stop=False), own_work(*_loop_helpers()):
-            answer(config)
-    except BaseException as exc:
-        report["error"] = f"{type(exc).__name__}: {exc}"[:500]
-        report["delegated"] = isinstance(exc, Delegated)
-        raise
-    finally:
-        live.report = forward
-        Path(record_dir, f"rank-{rank}.json").write_text(json.dumps(report))
+        live.report = recorded
+        try:
+            with recorded_fits(report["fits"], stop=False), own_work(*_loop_helpers()):
+                answer(config)
+        finally:
+            live.report = forward
 
 
 def _number(value: Any) -> float | None:
@@ -308,22 +299,11 @@ def _on_ray(answer, config: dict[str, Any], workers: int) -> dict[int, dict[str,
     """Run ``answer`` for real with Ray Train on the connected Ray cluster; return every rank's report."""
     from helpers.ray_launcher import run_with_ray
 
-    record_dir = _check_dir("6.2-reports")
-    record_dir.mkdir(parents=True)
-    try:
-        try:
-            job = {"answer": answer, "record_dir": str(record_dir), "config": config}
-            run_with_ray(run_recorded_loop, workers, use_gpu=config["use_gpu"], **job)
-        except Exception as exc:
-            reports = _reports(record_dir)
-            failed = [r for r in reports.values() if r["error"]]
-            if any(r["delegated"] for r in failed):
-                raise Delegated(next(r["error"] for r in failed if r["delegated"]).split(": ", 1)[1]) from None
-            error = failed[0]["error"] if failed else f"{type(exc).__name__}: {str(exc)[:400]}"
-            raise CheckFailed(f"the Ray Train job failed: {error}") from None
-        return _reports(record_dir)
-    finally:
-        shutil.rmtree(record_dir, ignore_errors=True)
+    def launch(record_dir: str) -> None:
+        job = {"answer": answer, "record_dir": record_dir, "config": config}
+        run_with_ray(run_recorded_loop, workers, use_gpu=config["use_gpu"], **job)
+
+    return recorded_job("6.2-reports", "the Ray Train job", launch)
 
 
 def _judge_ray_reports(reports: dict[int, dict[str, Any]], workers: int, use_gpu: bool) -> None:
