@@ -49,7 +49,6 @@ class RankZeroReport(dict):
 #: The stall bound of the check's Horovod jobs: ranks that wait in differently named collectives fail in half a
 #: minute (the ranks meet in ``hvd.init()``, so a correct answer's gather waits a second at most)
 _CHECK_STALL_S = "30"
-_STALLED = "helpers.jobs.StalledCollectiveError: "
 
 
 def _where_rank(tag: int) -> dict[str, Any]:
@@ -70,15 +69,15 @@ def _launched(launch_on_workers, count: int, tag: int) -> Any:
     """What the answer returned for ``count`` processes of :func:`_where_rank`; a stall between differently named
     collectives (the default name of ``hvd.allgather_object`` is the value's type) as the learner's failure."""
     from helpers.horovod_runner import HorovodWorkerError
-    from helpers.jobs import STALL_TIMEOUT_ENV
+    from helpers.jobs import STALL_TIMEOUT_ENV, StalledCollectiveError
 
     try:
         with mock.patch.dict(os.environ, {STALL_TIMEOUT_ENV: _CHECK_STALL_S}):
             return launch_on_workers(_where_rank, count, tag=tag)
     except HorovodWorkerError as error:
-        if "StalledCollectiveError" not in str(error):
+        _, stall, stalled = error.reason.partition(f"{StalledCollectiveError.__name__}: ")
+        if not stall:
             raise
-        stalled = error.reason.removeprefix(_STALLED)
         raise CheckFailed(
             f"the ranks of launch_on_workers(fn, {count}) never met in one collective: {stalled}. Horovod "
             "pairs collectives up by name, and hvd.allgather_object names its own after the type of the value, "

@@ -20,7 +20,6 @@ from unittest import mock
 from helpers.course.checks import CheckFailed, Delegated
 
 __all__ = [
-    "TORCHRUN_KEYS",
     "FitStopped",
     "check_dir",
     "rank_report",
@@ -35,20 +34,6 @@ def check_dir(name: str) -> Path:
     from helpers.workdir import work_path
 
     return work_path("checks", f"{name}-{uuid.uuid4().hex[:8]}")
-
-
-TORCHRUN_KEYS = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "NODE_RANK",
-    "ROLE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-)
 
 
 class FitStopped(Exception):
@@ -103,6 +88,8 @@ def torchrun_env(rank: int, world_size: int, local_mode: bool) -> Iterator[None]
     from lightning_fabric.utilities import rank_zero as fabric_rank_zero
     from pytorch_lightning.utilities import rank_zero
 
+    from helpers.deepspeed_launcher import job_env
+
     per_node = world_size if local_mode else 1
     env = {
         "RANK": rank,
@@ -116,18 +103,14 @@ def torchrun_env(rank: int, world_size: int, local_mode: bool) -> Iterator[None]
         "MASTER_PORT": "29599",
         "TORCHELASTIC_RUN_ID": "check",
     }
-    saved_env = {key: os.environ.get(key) for key in TORCHRUN_KEYS}
     saved_ranks = (rank_zero.rank_zero_only.rank, fabric_rank_zero.rank_zero_only.rank)
-    os.environ.update({key: str(value) for key, value in env.items()})
     try:
-        with mock.patch("pytorch_lightning.trainer.connectors.accelerator_connector._IS_INTERACTIVE", False):
+        with (
+            job_env(**{key: str(value) for key, value in env.items()}),
+            mock.patch("pytorch_lightning.trainer.connectors.accelerator_connector._IS_INTERACTIVE", False),
+        ):
             yield
     finally:
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         rank_zero.rank_zero_only.rank, fabric_rank_zero.rank_zero_only.rank = saved_ranks
 
 
