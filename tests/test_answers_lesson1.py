@@ -190,6 +190,16 @@ def test_1_4_delegating():
     assert delegated("1.4", count_delegating)
 
 
+def test_1_4_cases_hold_a_half_and_both_bounds():
+    from helpers.course.checks.lesson1 import validation_count_rule
+
+    products = [n * fraction for n, fraction in validation_count_rule.cases()]
+    assert any(abs(p - round(p) - 0.5) < 1e-9 or abs(p - round(p) + 0.5) < 1e-9 for p in products)  # either way
+    assert any(p < 0.5 for p in products) and any(
+        n - p < 0.5 for (n, _), p in zip(validation_count_rule.cases(), products)
+    )
+
+
 # --- 1.5 repartition_for_devices -------------------------------------------------------------------------------
 
 

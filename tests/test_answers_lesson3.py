@@ -181,6 +181,14 @@ def test_3_2_wrong(answer):
     assert_fails("3.2", answer)
 
 
+def test_3_2_cases_meet_every_phase_of_the_warm_up():
+    from helpers.course.checks.lesson3 import learning_rate_scaling
+
+    cases = learning_rate_scaling.cases()
+    assert {(step > warmup) - (step < warmup) for _, _, step, warmup in cases if warmup} == {-1, 0, 1}
+    assert any(warmup == 0 for *_, warmup in cases) and any(0 < step < warmup for _, _, step, warmup in cases[6:])
+
+
 # --- 3.3: make_distributed --------------------------------------------------------------------------------------
 
 

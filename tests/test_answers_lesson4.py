@@ -826,6 +826,16 @@ def test_4_6_task_slots(answer, expected):
     assert verdict("4.6", {"max_processes": answer}) == expected
 
 
+def test_4_6_cases_tell_spark_s_gpu_shares_from_division_and_rounding():
+    from helpers.course.checks.lesson4 import cluster_task_slots
+    from helpers.spark import gpu_task_slots
+
+    shares = [(gpus, share) for _, _, _, gpus, share in cluster_task_slots.cases() if 0 < share <= 0.5 and gpus]
+    assert any(gpu_task_slots(gpus, share) != int(gpus // share) for gpus, share in shares)
+    assert any(gpu_task_slots(gpus, share) != gpus * round(1 / share) for gpus, share in shares)
+    assert len(set(cluster_task_slots.cases())) >= 35  # the drawn clusters are not the fixed ones again
+
+
 def test_unanswered_exercises_are_not_attempted():
     def stub(*args): ...
 

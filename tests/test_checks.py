@@ -27,6 +27,7 @@ from helpers.course.checks import (
     require,
     require_implemented,
 )
+from helpers.course.checks.function_check import FunctionCheck
 
 
 @pytest.fixture(autouse=True)
@@ -362,3 +363,60 @@ def test_a_failed_job_is_judged_by_the_rank_that_raised(work_dir, error, verdict
         recorded_job("t-reports", "the test job", lambda folder: _ranks_reporting(folder, error))
     assert str(caught.value) == says and type(caught.value) is verdict
     assert not list(Path(work_dir).rglob("rank-*.json"))
+
+
+def _halved(n: int) -> set[int]:
+    """A reference with two right results at a half."""
+    return {n // 2, -(-n // 2)}
+
+
+def _halves_check(exercise_id: str, reference=_halved) -> FunctionCheck:
+    return FunctionCheck(
+        exercise_id,
+        answer="half",
+        fixed=[(4,), (5,)],
+        draw=lambda rng: (rng.randint(6, 10**6),),
+        draws=5,
+        reference=reference,
+        forbid=("helpers.loaders:steps_per_epoch",),
+        hint=lambda case, got: f"split the {case[0]} in two",
+        passed="halved {n} numbers",
+    )
+
+
+def test_a_declared_check_meets_the_same_cases_every_run_drawn_from_its_exercise_id():
+    cases = _halves_check("97.1").cases()
+    assert cases[:2] == [(4,), (5,)] and len(cases) == 7
+    assert cases == _halves_check("97.1").cases()
+    assert cases[2:] != _halves_check("97.2").cases()[2:]
+
+
+@pytest.mark.parametrize(
+    "answer, status, message",
+    [
+        (lambda n: n // 2, PASSED, "halved 7 numbers"),
+        (lambda n: float(-(-n // 2)), PASSED, "halved 7 numbers"),  # the other right result at a half, as a float
+        (lambda n: n + 1, FAILED, "half(4) = 5, expected 2: split the 4 in two"),
+        (lambda n: n / 2, FAILED, "half(5) returned 2.5: return a whole number"),
+        (lambda n: n // 2 + n % 2 * 9, FAILED, "half(5) = 11, expected 2 or 3: split the 5 in two"),
+        (lambda n: str(n // 2), FAILED, "half(4) returned '2': return a whole number"),
+        (lambda n: [][n], FAILED, "half(4) raised IndexError: list index out of range; expected 2: split the 4 in two"),
+        (
+            lambda n: __import__("helpers.loaders").loaders.steps_per_epoch(n, 2, 1),
+            FAILED,
+            "your answer calls helpers.loaders.steps_per_epoch, which does this exercise for you: write it yourself",
+        ),
+    ],
+)
+def test_a_declared_check_names_the_call_what_came_back_and_the_hint(answer, status, message):
+    register("97.3")(_halves_check("97.3"))
+    assert checks._run("97.3", {"half": answer}) == (status, message)
+
+
+def test_a_declared_check_refuses_a_stub_and_blames_itself_for_its_own_bug():
+    def half(n): ...
+
+    register("97.4")(_halves_check("97.4", reference=lambda n: n.bad_attribute))
+    assert checks._run("97.4", {"half": half})[0] == NOT_ATTEMPTED
+    status, message = checks._run("97.4", {"half": lambda n: n // 2})
+    assert status == ERROR and message.startswith("the check itself failed (AttributeError"), message

@@ -11,6 +11,9 @@ A lesson's check functions live in ``helpers/course/checks/lessonN.py`` and regi
             raise CheckFailed(f"expected 2 shards, got {len(shards)}")
         return "2 disjoint shards"                      # the success message
 
+A check of one function on cases (arguments in, a value out) is declared instead, and one engine runs it
+(:class:`~helpers.course.checks.function_check.FunctionCheck`: its cases, reference, forbidden helpers and hint).
+
 ``check`` imports ``helpers.course.checks.lessonN`` on first use of an id ``"N.x"`` (a notebook may also register
 its own ids), runs the function and prints one line: passed, failed with a hint, or not attempted. It never raises, so
 "Run All" keeps going, and it returns whether the answer passed. In a notebook the line is a ``display_data``
@@ -51,6 +54,7 @@ __all__ = [
     "close",
     "format_line",
     "is_stub",
+    "is_whole",
     "own_work",
     "quiet_lightning",
     "register",
@@ -182,11 +186,17 @@ def whole_number(value: Any, what: str) -> int:
     Raises:
         CheckFailed: ``value`` is not a whole number (``True`` and ``False`` are not).
     """
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return int(value)
-    if isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
+    if is_whole(value):
         return int(value)
     raise CheckFailed(f"{what} returned {value!r}: return a whole number")
+
+
+def is_whole(value: Any) -> bool:
+    """Whether ``value`` is a whole number of any type (``int``, a numpy integer, an integral float); ``True`` and
+    ``False`` are not."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    return isinstance(value, numbers.Integral) or float(value).is_integer()
 
 
 def close(got: Any, expected: float, rel: float = 1e-9) -> bool:
@@ -364,8 +374,10 @@ _CHECKS = str(Path(__file__).resolve().parent)  # this package: the checks
 
 
 def _codes(fn: Any) -> set[Any]:
-    """The code objects of ``fn`` and of the functions defined inside it."""
-    found, todo = set(), [getattr(fn, "__code__", None)]
+    """The code objects of ``fn`` (and of a declared check's own functions: its reference, its draw, its hint) and
+    of the functions defined inside them."""
+    parts = (fn, *getattr(fn, "check_functions", tuple)())
+    found, todo = set(), [getattr(part, "__code__", None) for part in parts]
     while todo:
         code = todo.pop()
         if code is not None and code not in found:

@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 
 from helpers import lake, loaders
 from helpers.course.checks import CheckFailed, own_work, register, require_implemented, whole_number
+from helpers.course.checks.function_check import FunctionCheck
 from helpers.workdir import work_path
 
 __all__ = [
@@ -152,51 +153,36 @@ def stable_label_indices(label_indices) -> str:
     return "indices follow the sorted class names, so they are the same in every run"
 
 
-def _right_counts(n: int, fraction: float) -> set[int]:
-    """The right validation counts: ``n * fraction`` rounded (either way at a half), then kept in 1..n-1."""
-    exact = n * fraction
+def _right_counts(n: int, val_fraction: float) -> set[int]:
+    """The right validation counts: ``n * val_fraction`` rounded (either way at a half), then kept in 1..n-1."""
+    exact = n * val_fraction
     nearest = {math.floor(exact), math.ceil(exact)}
     rounded = {r for r in nearest if abs(r - exact) <= 0.5 + 1e-9} or nearest
     return {min(max(r, 1), n - 1) for r in rounded}
 
 
-@register("1.4")
-def validation_count_rule(validation_count) -> str:
-    """``validation_count(n, val_fraction)``: images of one class that go to validation.
+def _count_hint(case: tuple[int, float], got: object) -> str:
+    n, _ = case
+    if isinstance(got, (int, float)) and not 1 <= got <= n - 1:
+        return "keep at least 1 and at most n - 1 images in validation"
+    return "round n * val_fraction to the nearest whole image"
 
-    Args:
-        validation_count: the answer, run on fixed and seeded ``(n, val_fraction)`` cases, edge cases included.
 
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``validation_count`` is still a stub.
-        CheckFailed: a result is not a whole number, or not ``n * val_fraction`` rounded to the nearest image
-            (either way at a half) and kept within 1 to ``n - 1``.
-        Delegated: the answer calls ``loaders.stratified_split``.
-        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
-    """
-    require_implemented(validation_count)
-    rng = random.Random(SEED)
-    cases = [(100, 0.2), (10, 0.25), (30, 0.05), (9, 0.3), (2, 0.1), (3, 0.9), (10, 0.01), (5, 0.95), (1797, 0.2)]
-    cases += [(rng.randint(3, 5000), round(rng.uniform(0.02, 0.6), 3)) for _ in range(12)]
-    with own_work(loaders.stratified_split):
-        for n, fraction in cases:
-            got = whole_number(validation_count(n, fraction), f"validation_count({n}, {fraction})")
-            right = _right_counts(n, fraction)
-            if got not in right:
-                expected = " or ".join(map(str, sorted(right)))
-                if not 1 <= got <= n - 1:
-                    raise CheckFailed(
-                        f"validation_count({n}, {fraction}) = {got}, expected {expected}: "
-                        "keep at least 1 and at most n - 1 images in validation"
-                    )
-                raise CheckFailed(
-                    f"validation_count({n}, {fraction}) = {got}, expected {expected}: "
-                    "round n * val_fraction to the nearest whole image"
-                )
-    return f"right on {len(cases)} class sizes and fractions: both splits get every class"
+#: ``validation_count(n, val_fraction)``: images of one class that go to validation, on the text's examples, the
+#: edge cases and 12 drawn ones; calling ``loaders.stratified_split`` is delegating
+validation_count_rule = register("1.4")(
+    FunctionCheck(
+        "1.4",
+        answer="validation_count",
+        fixed=[(100, 0.2), (10, 0.25), (30, 0.05), (9, 0.3), (2, 0.1), (3, 0.9), (10, 0.01), (5, 0.95), (1797, 0.2)],
+        draw=lambda rng: (rng.randint(3, 5000), round(rng.uniform(0.02, 0.6), 3)),
+        draws=12,
+        reference=_right_counts,
+        forbid=("helpers.loaders:stratified_split",),
+        hint=_count_hint,
+        passed="right on {n} class sizes and fractions: both splits get every class",
+    )
+)
 
 
 @register("1.5")

@@ -30,8 +30,8 @@ from helpers.course.checks import (
     register,
     require,
     require_implemented,
-    whole_number,
 )
+from helpers.course.checks.function_check import FunctionCheck
 
 __all__ = [
     "best_run_check",
@@ -206,39 +206,26 @@ def _as_rank(rank: int) -> Iterator[None]:
 # The checks
 
 
-@register("2.1")
-def epoch_steps_rule(epoch_steps) -> str:
-    """``epoch_steps(rows, batch_size, world_size)``: steps per epoch for one pass over the data.
+def _steps(rows: int, batch_size: int, world_size: int) -> int:
+    """The reference: one pass over ``rows``, ``batch_size x world_size`` rows a step, a partial last step too."""
+    return max(1, -(-rows // (batch_size * world_size)))
 
-    Args:
-        epoch_steps: the answer, run on the lesson's sizes and seeded ones.
 
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``epoch_steps`` is still a stub.
-        CheckFailed: a result is not a whole number, or not ``ceil(rows / (batch_size * world_size))`` (at
-            least 1).
-        Delegated: the answer calls ``helpers.loaders.steps_per_epoch``.
-        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
-    """
-    from helpers.loaders import steps_per_epoch
-
-    require_implemented(epoch_steps)
-    rng = random.Random(21)
-    cases = [(1438, 64, 1), (1438, 64, 2), (3670, 64, 8), (100, 10, 1), (5, 64, 4), (128, 64, 2), (129, 64, 2)]
-    cases += [(rng.randint(1, 5000), rng.randint(1, 128), rng.randint(1, 16)) for _ in range(20)]
-    with own_work(steps_per_epoch):
-        for rows, batch, world in cases:
-            expected = max(1, -(-rows // (batch * world)))
-            got = whole_number(epoch_steps(rows, batch, world), f"epoch_steps({rows}, {batch}, {world})")
-            if got != expected:
-                raise CheckFailed(
-                    f"epoch_steps({rows}, {batch}, {world}) = {got}, expected {expected}: each step "
-                    f"consumes batch_size x world_size rows, and a partial last step still counts"
-                )
-    return "one epoch is one pass over the data, whatever the device count"
+#: ``epoch_steps(rows, batch_size, world_size)``: steps per epoch for one pass over the data, on the lesson's sizes
+#: and 20 drawn ones; calling ``helpers.loaders.steps_per_epoch`` is delegating
+epoch_steps_rule = register("2.1")(
+    FunctionCheck(
+        "2.1",
+        answer="epoch_steps",
+        fixed=[(1438, 64, 1), (1438, 64, 2), (3670, 64, 8), (100, 10, 1), (5, 64, 4), (128, 64, 2), (129, 64, 2)],
+        draw=lambda rng: (rng.randint(1, 5000), rng.randint(1, 128), rng.randint(1, 16)),
+        draws=20,
+        reference=_steps,
+        forbid=("helpers.loaders:steps_per_epoch",),
+        hint="each step consumes batch_size x world_size rows, and a partial last step still counts",
+        passed="one epoch is one pass over the data, whatever the device count ({n} cases)",
+    )
+)
 
 
 def _optimizer_cases() -> Iterator[tuple[torch.nn.Module, float, float]]:

@@ -33,6 +33,7 @@ from helpers.course.checks import (
     require,
     require_implemented,
 )
+from helpers.course.checks.function_check import NUMBER, FunctionCheck
 
 __all__ = [
     "CHECK_PROCESSES",
@@ -326,48 +327,42 @@ def init_and_shard(namespace) -> str:
 # --- 3.2 --------------------------------------------------------------------------------------------------------
 
 
-def _warmed_up(base: float, size: int, step: int, warmup: int) -> float:
-    """The linear scaling rule with gradual warm-up (Goyal et al., 2017): from ``base`` to ``base x size``."""
-    if step >= warmup:
-        return base * size
-    return base + (base * size - base) * step / warmup
+def _warmed_up(base_lr: float, world_size: int, step: int, warmup_steps: int) -> float:
+    """The linear scaling rule with gradual warm-up (Goyal et al., 2017): from ``base_lr`` to
+    ``base_lr x world_size``."""
+    if step >= warmup_steps:
+        return base_lr * world_size
+    return base_lr + (base_lr * world_size - base_lr) * step / warmup_steps
 
 
-@register("3.2")
-def learning_rate_scaling(scaled_learning_rate) -> str:
-    """``scaled_learning_rate(base_lr, world_size, step, warmup_steps)``: the learning rate of optimizer step
-    ``step``, ramped linearly from ``base_lr`` to ``base_lr x world_size`` over the first ``warmup_steps`` steps.
+def _draw_warmup(rng) -> tuple[float, int, int, int]:
+    warmup = rng.randint(1, 199)
+    return 10 ** rng.uniform(-5, -1), rng.randint(3, 64), rng.randint(0, 2 * warmup - 1), warmup
 
-    Args:
-        scaled_learning_rate: the answer, run in this process on fixed and seeded cases, with and without warm-up.
 
-    Returns:
-        The success message ``check`` shows.
+def _warmup_hint(case: tuple[float, int, int, int], got: object) -> str:
+    _, _, step, warmup = case
+    where = "after the warm-up" if step >= warmup else f"at step {step} of a {warmup}-step warm-up"
+    return f"{where}, ramp linearly from base_lr at step 0 to base_lr x world_size at warmup_steps, then hold it"
 
-    Raises:
-        NotAttempted: ``scaled_learning_rate`` is still a stub.
-        CheckFailed: a result is a bool, a string or bytes, or is not the warmed-up rate.
-        Exception: any other error from the answer or from using what it returned, unchanged (``check``
-            shows it as a failure).
-    """
-    require_implemented(scaled_learning_rate)
-    rng = np.random.default_rng(CHECK_SEED)
-    cases = [(1e-5, 1, 0, 0), (0.02, 2, 0, 0), (0.02, 2, 5, 0), (0.1, 4, 0, 10), (0.1, 4, 10, 10), (0.1, 4, 15, 10)]
-    for _ in range(8):
-        warmup = int(rng.integers(1, 200))
-        step = int(rng.integers(0, 2 * warmup))
-        cases.append((float(10 ** rng.uniform(-5, -1)), int(rng.integers(3, 65)), step, warmup))
-    for base, size, step, warmup in cases:
-        expected = _warmed_up(base, size, step, warmup)
-        got = scaled_learning_rate(base, size, step, warmup)
-        if isinstance(got, (bool, str, bytes)) or not close(got, expected):
-            where = "after the warm-up" if step >= warmup else f"at step {step} of a {warmup}-step warm-up"
-            raise CheckFailed(
-                f"scaled_learning_rate({base:.3g}, {size}, step={step}, warmup_steps={warmup}) = {got!r}, expected "
-                f"{expected:.4g} ({where}): ramp linearly from base_lr at step 0 to base_lr x world_size at "
-                "warmup_steps, then hold it"
-            )
-    return "base_lr x world_size, reached by a linear warm-up"
+
+#: ``scaled_learning_rate(base_lr, world_size, step, warmup_steps)``: the learning rate of optimizer step ``step``,
+#: ramped linearly from ``base_lr`` to ``base_lr x world_size`` over the first ``warmup_steps`` steps; on fixed
+#: cases with and without warm-up and 8 drawn ones
+learning_rate_scaling = register("3.2")(
+    FunctionCheck(
+        "3.2",
+        answer="scaled_learning_rate",
+        fixed=[(1e-5, 1, 0, 0), (0.02, 2, 0, 0), (0.02, 2, 5, 0), (0.1, 4, 0, 10), (0.1, 4, 10, 10), (0.1, 4, 15, 10)],
+        draw=_draw_warmup,
+        draws=8,
+        reference=_warmed_up,
+        returns=NUMBER,
+        keywords=True,
+        hint=_warmup_hint,
+        passed="base_lr x world_size, reached by a linear warm-up ({n} cases)",
+    )
+)
 
 
 # --- 3.3 --------------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 from unittest import mock
 
 from helpers.course.checks import CannotCheck, CheckFailed, close, own_work, register, require, whole_number
+from helpers.course.checks.function_check import FunctionCheck
 from helpers.course.checks.ranks import FitStopped, check_dir, rank_report, recorded_fits, recorded_job, torchrun_env
 from helpers.logs import logger_levels
 
@@ -698,60 +699,44 @@ def _slots(executors: int, cores: int, task_cpus: int, gpus: int, task_gpus: flo
     return executors * per_executor
 
 
-@register("4.6")
-def cluster_task_slots(namespace) -> str:
-    """(stretch) ``max_processes(executors, cores, task_cpus, gpus, task_gpus)``: how many training processes a
-    barrier job can start at once, on clusters the check generates.
+def _draw_cluster(rng: random.Random) -> tuple[int, int, int, int, float]:
+    """A cluster the check generates: executors, cores and GPUs each, and what each task asks for."""
+    return (
+        rng.randint(1, 9),
+        rng.choice([4, 6, 8, 12, 16, 32]),
+        rng.choice([1, 2, 4]),
+        rng.choice([0, 1, 2, 4, 8]),
+        rng.choice([0.0, 0.25, 0.3, 0.35, 0.4, 0.5, 1.0, 2.0]),
+    )
 
-    Args:
-        namespace: the notebook's ``globals()``, holding ``max_processes``.
 
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``max_processes`` is not defined, or is a stub.
-        CheckFailed: a result is not a whole number, or not the executors times the tasks each can run (by
-            cores, and by GPUs when tasks ask for them).
-        Delegated: the answer calls ``helpers.spark.task_slots`` or ``gpu_task_slots``.
-        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
-    """
-    from helpers.spark import gpu_task_slots, task_slots
-
-    max_processes = require(namespace, "max_processes")
-    rng = random.Random(47)
-    cases = [
-        (2, 1, 1, 0, 0.0),
-        (2, 8, 2, 0, 0.0),
-        (3, 16, 4, 4, 1.0),
-        (2, 8, 1, 2, 1.0),
-        (4, 4, 1, 2, 0.5),
-        (3, 6, 4, 0, 0.0),
-        (3, 8, 1, 1, 2.0),
-        (1, 16, 1, 3, 0.3),  # 3 per GPU: 9, where gpus // task_gpus says 10
-        (1, 16, 1, 3, 0.4),  # 2 per GPU: 6, where gpus // task_gpus says 7
-        (2, 32, 1, 2, 0.2222),  # 4 per GPU (Spark's own example): 16, not 18
-        (1, 16, 1, 2, 0.35),  # 2 per GPU: 4, where rounding 1 / 0.35 says 6
-    ]
-    cases += [
-        (
-            rng.randint(1, 9),
-            rng.choice([4, 6, 8, 12, 16, 32]),
-            rng.choice([1, 2, 4]),
-            rng.choice([0, 1, 2, 4, 8]),
-            rng.choice([0.0, 0.25, 0.3, 0.35, 0.4, 0.5, 1.0, 2.0]),
-        )
-        for _ in range(30)
-    ]
-    expected_slots = [_slots(*case) for case in cases]
-    with own_work(task_slots, gpu_task_slots):
-        for case, expected in zip(cases, expected_slots):
-            got = max_processes(*case)
-            if whole_number(got, "max_processes") != expected:
-                names = "executors={}, cores={}, task_cpus={}, gpus={}, task_gpus={}".format(*case)
-                raise CheckFailed(
-                    f"max_processes({names}) = {got!r}, expected {expected}: each executor runs "
-                    "cores // task_cpus tasks, and with task_gpus > 0 no more than its GPUs hold: "
-                    "floor(1 / task_gpus) tasks per GPU for task_gpus <= 0.5, else gpus // task_gpus"
-                )
-    return f"task slots right on {len(cases)} clusters"
+#: (stretch) ``max_processes(executors, cores, task_cpus, gpus, task_gpus)``: how many training processes a barrier
+#: job can start at once, on the clusters of the text and 30 the check draws; calling ``helpers.spark.task_slots`` or
+#: ``gpu_task_slots`` is delegating
+cluster_task_slots = register("4.6")(
+    FunctionCheck(
+        "4.6",
+        answer="max_processes",
+        fixed=[
+            (2, 1, 1, 0, 0.0),
+            (2, 8, 2, 0, 0.0),
+            (3, 16, 4, 4, 1.0),
+            (2, 8, 1, 2, 1.0),
+            (4, 4, 1, 2, 0.5),
+            (3, 6, 4, 0, 0.0),
+            (3, 8, 1, 1, 2.0),
+            (1, 16, 1, 3, 0.3),  # 3 per GPU: 9, where gpus // task_gpus says 10
+            (1, 16, 1, 3, 0.4),  # 2 per GPU: 6, where gpus // task_gpus says 7
+            (2, 32, 1, 2, 0.2222),  # 4 per GPU (Spark's own example): 16, not 18
+            (1, 16, 1, 2, 0.35),  # 2 per GPU: 4, where rounding 1 / 0.35 says 6
+        ],
+        draw=_draw_cluster,
+        draws=30,
+        reference=_slots,
+        keywords=True,
+        forbid=("helpers.spark:task_slots", "helpers.spark:gpu_task_slots"),
+        hint="each executor runs cores // task_cpus tasks, and with task_gpus > 0 no more than its GPUs hold: "
+        "floor(1 / task_gpus) tasks per GPU for task_gpus <= 0.5, else gpus // task_gpus",
+        passed="task slots right on {n} clusters",
+    )
+)
