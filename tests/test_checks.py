@@ -398,6 +398,7 @@ def test_a_declared_check_meets_the_same_cases_every_run_drawn_from_its_exercise
         (lambda n: float(-(-n // 2)), PASSED, "halved 7 numbers"),  # the other right result at a half, as a float
         (lambda n: n + 1, FAILED, "half(4) = 5, expected 2: split the 4 in two"),
         (lambda n: n / 2, FAILED, "half(5) returned 2.5: return a whole number"),
+        (lambda n: print(n), NOT_ATTEMPTED, "half returns nothing yet: add a return"),
         (lambda n: n // 2 + n % 2 * 9, FAILED, "half(5) = 11, expected 2 or 3: split the 5 in two"),
         (lambda n: str(n // 2), FAILED, "half(4) returned '2': return a whole number"),
         (lambda n: [][n], FAILED, "half(4) raised IndexError: list index out of range; expected 2: split the 4 in two"),

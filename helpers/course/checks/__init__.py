@@ -60,6 +60,7 @@ __all__ = [
     "register",
     "require",
     "require_implemented",
+    "returned",
     "whole_number",
 ]
 
@@ -171,6 +172,24 @@ def require(namespace: Mapping[str, Any] | object, *names: str) -> Any:
         _refuse_borrowed(value)
         values.append(value)
     return values[0] if len(values) == 1 else tuple(values)
+
+
+def returned(value: Any, what: str) -> Any:
+    """``value``, unless the answer returned nothing (a body without ``return``): that is not attempted yet.
+
+    Args:
+        value: what the answer returned.
+        what: the answer's name, for the message.
+
+    Returns:
+        ``value``.
+
+    Raises:
+        NotAttempted: ``value`` is None.
+    """
+    if value is None:
+        raise NotAttempted(f"{what} returns nothing yet: add a return")
+    return value
 
 
 def whole_number(value: Any, what: str) -> int:

@@ -9,8 +9,9 @@ every such check::
         hint="each executor runs cores // task_cpus tasks ...", passed="task slots right on {n} clusters",
     ))
 
-The engine takes the answer from the notebook's namespace (or as the function itself), rejects a stub, runs every
-case inside the tripwire (:func:`~helpers.course.checks.own_work`), and fails with one line that names the call:
+The engine takes the answer from the notebook's namespace (or as the function itself), rejects a stub (and counts
+a body that returns nothing as not attempted yet), runs every case inside the tripwire
+(:func:`~helpers.course.checks.own_work`), and fails with one line that names the call:
 ``max_processes(executors=2, ...) = 3, expected 2: <hint>``; an error the answer raises gets the same line and hint.
 An error of the reference is the check's own (``check`` reports it as a bug of the course). The corpus in ``tests/``
 reads :meth:`FunctionCheck.cases`, the very cases the learner's answer meets.
@@ -24,7 +25,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from helpers.course.checks import CheckFailed, close, is_whole, own_work, require, require_implemented
+from helpers.course.checks import (
+    CheckFailed,
+    close,
+    is_whole,
+    own_work,
+    require,
+    require_implemented,
+    returned,
+)
 
 __all__ = ["NUMBER", "WHOLE", "FunctionCheck", "Returns"]
 
@@ -147,7 +156,7 @@ class FunctionCheck:
                 f"{self.call(case)} raised {type(error).__name__}: {error}; expected {_shown(expected)}: "
                 f"{self._hint(case, error)}"
             ) from error
-        if not self.returns.is_kind(got):
+        if not self.returns.is_kind(returned(got, self.answer)):
             raise CheckFailed(f"{self.call(case)} returned {got!r}: return {self.returns.kind}")
         if not self.returns.matches(got, expected):
             raise CheckFailed(f"{self.call(case)} = {got!r}, expected {_shown(expected)}: {self._hint(case, got)}")

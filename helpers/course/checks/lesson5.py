@@ -17,18 +17,18 @@ import pandas as pd
 
 from helpers.course.checks import (
     CheckFailed,
-    NotAttempted,
     close,
     own_work,
     register,
     require,
     require_implemented,
+    returned,
     whole_number,
 )
+from helpers.course.checks.function_check import FunctionCheck
 
 __all__ = [
     "acceptable_reasons",
-    "epoch_cases",
     "karp_flatt",
     "plan_cases",
     "query_the_runs",
@@ -51,18 +51,11 @@ def _uri(namespace) -> str:
     return tracking_uri(namespace.get("MLFLOW_TRACKING_URI"))
 
 
-def _returned(value: Any, what: str) -> Any:
-    """``value``, or :class:`NotAttempted` when the answer returned nothing (a body without ``return``)."""
-    if value is None:
-        raise NotAttempted(f"{what} returns nothing yet: add a return")
-    return value
-
-
 # --- 5.2 query the runs -----------------------------------------------------------------------------------------
 
 
 def _run_ids(frame: Any, what: str) -> set[str]:
-    _returned(frame, what)
+    returned(frame, what)
     if not isinstance(frame, pd.DataFrame) or "run_id" not in frame.columns:
         raise CheckFailed(
             f"{what} returned a {type(frame).__name__} without a run_id column: return the "
@@ -188,7 +181,7 @@ def speedup_cases(seed: int = 52, count: int = 6) -> list[pd.DataFrame]:
 
 def _compare_speedups(got: Any, expected: pd.DataFrame, where: str) -> None:
     """Fail unless ``got`` has ``expected``'s speedup and efficiency for each run (matched by run_id)."""
-    _returned(got, "speedup_efficiency")
+    returned(got, "speedup_efficiency")
     if not isinstance(got, pd.DataFrame) or not {"speedup", "efficiency"} <= set(got.columns):
         raise CheckFailed("return a DataFrame: the table with the columns speedup and efficiency added")
     if "run_id" in got.columns:
@@ -465,7 +458,7 @@ def why_runs_stopped(namespace) -> str:
             )
     with own_work(stop_reason, stop_reasons):
         for losses, delta, patience, threshold, max_epochs, accepted, why in cases:
-            got = _returned(why_stopped(list(losses), delta, patience, threshold, max_epochs), "why_stopped")
+            got = returned(why_stopped(list(losses), delta, patience, threshold, max_epochs), "why_stopped")
             if got not in accepted:
                 raise CheckFailed(
                     f"why_stopped({[round(v, 4) for v in losses]}, min_delta={delta}, "
@@ -479,64 +472,49 @@ def why_runs_stopped(namespace) -> str:
 # --- 5.6 rows per epoch -----------------------------------------------------------------------------------------
 
 
-def epoch_cases(seed: int = 54, count: int = 12) -> list[tuple[int, int, int]]:
-    """(rows, batch_size, devices): the lesson's sizes and generated ones, some not divisible.
-
-    Args:
-        seed: the seed of the generator; the same seed gives the same cases.
-        count: how many generated cases.
-
-    Returns:
-        The lesson's 3 cases, then ``count`` generated ones.
-    """
-    rng = random.Random(seed)
-    cases = [(1438, 32, 1), (1438, 32, 2), (2936, 64, 8)]
-    cases += [(rng.randint(50, 6000), rng.choice([8, 16, 32, 64, 128]), rng.randint(1, 16)) for _ in range(count)]
-    return cases
+_LESSON_EPOCHS = [(1438, 32, 1), (1438, 32, 2), (2936, 64, 8)]  # (rows, batch_size, devices) of the text
 
 
-@register("5.6")
-def rows_read_per_epoch(namespace) -> str:
-    """``rows_per_epoch(rows, batch_size, devices, epoch_mode)``: training rows all devices read in one epoch.
+_MODES = ("one_pass", "fixed_steps")
 
-    Args:
-        namespace: the notebook's ``globals()``, holding ``rows_per_epoch``; it runs on :func:`epoch_cases` in
-            both modes, ``"one_pass"`` and ``"fixed_steps"``.
 
-    Returns:
-        The success message ``check`` shows.
+def _rows_read(rows: int, batch_size: int, devices: int, epoch_mode: str) -> int:
+    """The reference: steps per epoch (one pass: ``ceil(rows / (batch_size x devices))``; fixed steps: the 1-device
+    ``ceil(rows / batch_size)``) times the rows all devices read a step (``fixed_steps`` multiplies each device's
+    batch by the device count)."""
+    if epoch_mode == "one_pass":
+        return math.ceil(rows / (batch_size * devices)) * batch_size * devices
+    return math.ceil(rows / batch_size) * batch_size * devices * devices
 
-    Raises:
-        NotAttempted: ``rows_per_epoch`` is not defined, is a stub, or returns None.
-        CheckFailed: a result is not a whole number, or not the rows read in that mode.
-        Delegated: the answer calls ``helpers.loaders.steps_per_epoch``.
-        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
-    """
-    from helpers.loaders import steps_per_epoch
 
-    rows_per_epoch = require(namespace, "rows_per_epoch")
-    require_implemented(rows_per_epoch)
-    with own_work(steps_per_epoch):
-        for rows, batch, devices in epoch_cases():
-            for mode, expected, hint in [
-                (
-                    "one_pass",
-                    math.ceil(rows / (batch * devices)) * batch * devices,
-                    "steps = ceil(rows / (batch_size x devices)), each device reads batch_size rows a step",
-                ),
-                (
-                    "fixed_steps",
-                    math.ceil(rows / batch) * batch * devices * devices,
-                    "steps stay at the 1-device ceil(rows / batch_size) while each device reads batch_size x devices "
-                    "rows a step",
-                ),
-            ]:
-                what = f"rows_per_epoch({rows}, {batch}, {devices}, {mode!r})"
-                got = whole_number(_returned(rows_per_epoch(rows, batch, devices, mode), "rows_per_epoch"), what)
-                if got != expected:
-                    raise CheckFailed(f"{what} = {got!r}, expected {expected}: {hint}")
-    passes = math.ceil(3670 / 64) * 64 * 8 * 8 / 3670
-    return f"right: one 'epoch' on 8 devices the original way (3,670 images, batch 64) is {passes:.0f} passes"
+def _rows_hint(case: tuple[int, int, int, str], got: Any) -> str:
+    if case[3] == "one_pass":
+        return "steps = ceil(rows / (batch_size x devices)), each device reads batch_size rows a step"
+    return "steps stay at the 1-device ceil(rows / batch_size) while each device reads batch_size x devices rows a step"
+
+
+_PASSES = math.ceil(3670 / 64) * 64 * 8 * 8 / 3670
+
+#: ``rows_per_epoch(rows, batch_size, devices, epoch_mode)``: training rows all devices read in one epoch, in both
+#: modes, on the lesson's sizes and 24 drawn ones (some not divisible); calling ``steps_per_epoch`` is delegating
+rows_read_per_epoch = register("5.6")(
+    FunctionCheck(
+        "5.6",
+        answer="rows_per_epoch",
+        fixed=[(rows, batch, devices, mode) for mode in _MODES for rows, batch, devices in _LESSON_EPOCHS],
+        draw=lambda rng: (
+            rng.randint(50, 6000),
+            rng.choice([8, 16, 32, 64, 128]),
+            rng.randint(1, 16),
+            rng.choice(_MODES),
+        ),
+        draws=24,
+        reference=_rows_read,
+        forbid=("helpers.loaders:steps_per_epoch",),
+        hint=_rows_hint,
+        passed=f"right: one 'epoch' on 8 devices the original way (3,670 images, batch 64) is {_PASSES:.0f} passes",
+    )
+)
 
 
 # --- 5.1 the sweep plan -----------------------------------------------------------------------------------------
@@ -577,7 +555,7 @@ def plan_cases(seed: int = 55, count: int = 10) -> list[tuple[int, dict[str, Any
 
 def _plan_rows(plan: Any) -> list[Mapping[str, Any]]:
     """The runs of a plan: a list (or tuple) of dicts."""
-    _returned(plan, "sweep_plan")
+    returned(plan, "sweep_plan")
     if not isinstance(plan, (list, tuple)) or not all(isinstance(run, Mapping) for run in plan):
         raise CheckFailed(f"sweep_plan returned a {type(plan).__name__}: return a list of dicts, one per run")
     if any("devices" not in run for run in plan):
@@ -760,7 +738,7 @@ def serial_fraction_measured(namespace) -> str:
     serial_fraction = require(namespace, "serial_fraction")
     require_implemented(serial_fraction)
     for speedup, n in serial_cases():
-        got = _returned(serial_fraction(speedup, n), "serial_fraction")
+        got = returned(serial_fraction(speedup, n), "serial_fraction")
         expected = karp_flatt(float(speedup), int(n))
         if not close(got, expected, 1e-6):
             raise CheckFailed(

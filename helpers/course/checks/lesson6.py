@@ -22,13 +22,13 @@ from typing import Any
 
 from helpers.course.checks import (
     CheckFailed,
-    NotAttempted,
     close,
     own_work,
     quiet_lightning,
     register,
     require,
     require_implemented,
+    returned,
     whole_number,
 )
 from helpers.course.checks.ranks import FitStopped, rank_report, recorded_fits, recorded_job, torchrun_env
@@ -59,13 +59,6 @@ LOOP_CONFIG_KEYS = (
     "max_epochs",
     "use_gpu",
 )
-
-
-def _returned(value: Any, what: str) -> Any:
-    """``value``, or :class:`NotAttempted` when the answer returned nothing (a body without ``return``)."""
-    if value is None:
-        raise NotAttempted(f"{what} returns nothing yet: add a return")
-    return value
 
 
 # ---------------------------------------------------------------------------------------------------------- 6.1
@@ -175,7 +168,7 @@ def ray_scaling_config(namespace) -> str:
     cases = scaling_cases()
     with own_work(*_ray_launcher_helpers()):
         answers = [
-            _returned(scaling_config(copy.deepcopy(nodes), use_gpu), f"scaling_config(<{_describe(nodes)}>, {use_gpu})")
+            returned(scaling_config(copy.deepcopy(nodes), use_gpu), f"scaling_config(<{_describe(nodes)}>, {use_gpu})")
             for nodes, use_gpu in cases
         ]
     for (nodes, use_gpu), config in zip(cases, answers, strict=True):
@@ -474,7 +467,7 @@ def zero_memory_per_device(namespace) -> str:
     for (psi, stage, nd, k), got in zip(cases, answers, strict=True):
         call = f"zero_bytes({psi}, {stage}, {nd}{'' if k is None else f', k={k}'})"
         expected = paper_bytes(int(psi), int(stage), int(nd), 12 if k is None else k)
-        _returned(got, call)
+        returned(got, call)
         if not _same_bytes(got, expected):
             raise CheckFailed(
                 f"{call} = {got!r}, expected {expected:.6g} bytes: every device keeps 2 bytes of parameters, 2 of "
@@ -608,7 +601,7 @@ def zero_configuration(namespace) -> str:
     require_implemented(zero_config_for)
     cases = config_cases()
     with own_work(zero_config):
-        answers = [_returned(zero_config_for(*case), f"zero_config_for{case}") for case in cases]
+        answers = [returned(zero_config_for(*case), f"zero_config_for{case}") for case in cases]
     for case, config in zip(cases, answers, strict=True):
         _judge_config(config, case)
     return f"{len(cases)} configs for stages 0-3 pass DeepSpeed's parser, with the right batch arithmetic"
