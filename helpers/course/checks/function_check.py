@@ -20,6 +20,7 @@ reads :meth:`FunctionCheck.cases`, the very cases the learner's answer meets.
 from __future__ import annotations
 
 import importlib
+import numbers
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -68,12 +69,14 @@ NUMBER = Returns("a number", _is_number, lambda got, expected: close(got, expect
 
 
 def _shown(value: Any) -> str:
-    """A case's argument or an expected result as the hint shows it: floats to 4 significant digits, a set of
+    """A case's argument or an expected result as the hint shows it: floats to 6 significant digits, a set of
     right results as ``3 or 4``."""
     if isinstance(value, (set, frozenset)):
         return " or ".join(_shown(item) for item in sorted(value))
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return f"{value:.6g}"
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return str(int(value))  # a numpy integer as the number it is
     return repr(value)
 
 

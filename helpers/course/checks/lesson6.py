@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
+
 from helpers.course.checks import (
     CheckFailed,
     close,
@@ -31,6 +33,7 @@ from helpers.course.checks import (
     returned,
     whole_number,
 )
+from helpers.course.checks.function_check import FunctionCheck, Returns
 from helpers.course.checks.ranks import FitStopped, rank_report, recorded_fits, recorded_job, torchrun_env
 
 __all__ = [
@@ -38,7 +41,6 @@ __all__ = [
     "config_cases",
     "effective_batch",
     "expected_scaling",
-    "memory_cases",
     "paper_bytes",
     "ray_scaling_config",
     "ray_training_function",
@@ -394,88 +396,49 @@ def paper_bytes(param_count: float, stage: int, world_size: int, k: float = 12) 
     }[stage]
 
 
-def memory_cases(seed: int = 63, count: int = 24) -> list[tuple[int, int, int, int | None]]:
-    """``(param_count, stage, world_size, k)`` for exercise 6.3 (``k`` None: the answer's default, 12).
+def _draw_memory(rng: random.Random) -> tuple[int, ...]:
+    """A model and a cluster: up to a trillion parameters, 1024 devices, K of 12 (the answer's default), 8 or 4."""
+    case = (rng.randint(10**5, 10**12), rng.randrange(4), rng.choice([2, 3, 4, 8, 16, 24, 64, 100, 1024]))
+    k = rng.choice([None, 12, 8, 4])
+    return case if k is None else (*case, k)
 
-    Args:
-        seed: the seed of the generator; the same seed gives the same cases.
-        count: how many generated cases.
 
-    Returns:
-        The paper's 7.5B-parameter model on 64 devices at every stage, one device, then ``count`` generated cases
-        (K of 12, 8 and 4; up to a trillion parameters and 1024 devices), and numpy integers.
-    """
-    import numpy as np
-
-    rng = random.Random(seed)
-    cases: list[tuple[Any, ...]] = [(7_500_000_000, stage, 64, None) for stage in range(4)]
-    cases += [(1_000_000, stage, 1, None) for stage in range(4)]
-    for index in range(count):
-        cases.append(
-            (
-                rng.randint(10**5, 10**12),
-                index % 4,
-                rng.choice([2, 3, 4, 8, 16, 24, 64, 100, 1024]),
-                rng.choice([None, 12, 8, 4]),
-            )
-        )
-    return cases + [(np.int64(p), np.int64(s), np.int64(n), k) for p, s, n, k in cases[8:11]]
+def _is_bytes(value: Any) -> bool:
+    """A real number (numpy scalars and 0-d tensors included), not a bool, a string or bytes."""
+    return not isinstance(value, (bool, str, bytes)) and _number(value) is not None
 
 
 def _same_bytes(got: Any, expected: float) -> bool:
     """``got`` is ``expected`` bytes, give or take what rounding a shard's size up or down can change (one
     parameter's 16 bytes at most)."""
-    if close(got, expected):
-        return True
-    try:
-        value = float(got)
-    except (TypeError, ValueError):
-        return False
-    return not isinstance(got, bool) and abs(value - expected) <= 16
+    return close(got, expected) or abs(float(got) - expected) <= 16
 
 
-def _memory_helpers() -> tuple[Any, ...]:
-    from helpers.zero import zero_fits, zero_memory
+_PAPER_GB = ", ".join(f"{paper_bytes(7.5e9, stage, 64) / 1e9:.3g}" for stage in range(4))
 
-    return zero_memory, zero_fits
-
-
-@register("6.3")
-def zero_memory_per_device(namespace) -> str:
-    """``zero_bytes(param_count, stage, world_size, k=12)``: the model-state bytes one device holds under ZeRO
-    ``stage``, compared with the ZeRO paper's formulas (:func:`paper_bytes`) on :func:`memory_cases`.
-
-    Args:
-        namespace: the notebook's ``globals()``, holding ``zero_bytes``.
-
-    Returns:
-        The success message ``check`` shows (with the paper's 7.5B-parameter example worked out).
-
-    Raises:
-        NotAttempted: ``zero_bytes`` is not defined, is a stub, or returns None.
-        CheckFailed: a result is not the paper's number of bytes.
-        Delegated: the answer calls ``helpers.zero.zero_memory`` or ``zero_fits``.
-        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
-    """
-    zero_bytes = require(namespace, "zero_bytes")
-    require_implemented(zero_bytes)
-    cases = memory_cases()
-    with own_work(*_memory_helpers()):
-        answers = [
-            zero_bytes(psi, stage, nd) if k is None else zero_bytes(psi, stage, nd, k) for psi, stage, nd, k in cases
-        ]
-    for (psi, stage, nd, k), got in zip(cases, answers, strict=True):
-        call = f"zero_bytes({psi}, {stage}, {nd}{'' if k is None else f', k={k}'})"
-        expected = paper_bytes(int(psi), int(stage), int(nd), 12 if k is None else k)
-        returned(got, call)
-        if not _same_bytes(got, expected):
-            raise CheckFailed(
-                f"{call} = {got!r}, expected {expected:.6g} bytes: every device keeps 2 bytes of parameters, 2 of "
-                "gradients and k of optimizer state per parameter, and stage s divides the optimizer state "
-                "(s >= 1), the gradients (s >= 2) and the parameters (s = 3) by world_size"
-            )
-    paper = ", ".join(f"{paper_bytes(7.5e9, stage, 64) / 1e9:.3g}" for stage in range(4))
-    return f"the paper's arithmetic on {len(cases)} cases: 7.5B parameters on 64 devices hold {paper} GB per device"
+#: ``zero_bytes(param_count, stage, world_size, k=12)``: the model-state bytes one device holds under ZeRO ``stage``,
+#: compared with the ZeRO paper's formulas (:func:`paper_bytes`) on the paper's 7.5B-parameter model on 64 devices at
+#: every stage, one device, numpy integers and 24 drawn cases (three cases in four without ``k``: its default);
+#: calling ``helpers.zero.zero_memory`` or ``zero_fits`` is delegating
+zero_memory_per_device = register("6.3")(
+    FunctionCheck(
+        "6.3",
+        answer="zero_bytes",
+        fixed=[(7_500_000_000, stage, 64) for stage in range(4)]
+        + [(1_000_000, stage, 1) for stage in range(4)]
+        + [(np.int64(123_456_789), np.int64(stage), np.int64(24), 8) for stage in (1, 3)],
+        draw=_draw_memory,
+        draws=24,
+        reference=paper_bytes,
+        returns=Returns("a number of bytes", _is_bytes, _same_bytes),
+        keywords=True,
+        forbid=("helpers.zero:zero_memory", "helpers.zero:zero_fits"),
+        hint="every device keeps 2 bytes of parameters, 2 of gradients and k of optimizer state per parameter, and "
+        "stage s divides the optimizer state (s >= 1), the gradients (s >= 2) and the parameters (s = 3) by "
+        "world_size",
+        passed=f"the paper's arithmetic on {{n}} cases: 7.5B parameters on 64 devices hold {_PAPER_GB} GB per device",
+    )
+)
 
 
 # ---------------------------------------------------------------------------------------------------------- 6.4
