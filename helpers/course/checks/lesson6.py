@@ -33,7 +33,7 @@ from helpers.course.checks import (
     returned,
     whole_number,
 )
-from helpers.course.checks.function_check import FunctionCheck, Returns
+from helpers.course.checks.function_check import NUMBER, FunctionCheck, Returns
 from helpers.course.checks.ranks import FitStopped, rank_report, recorded_fits, recorded_job, torchrun_env
 
 __all__ = [
@@ -403,11 +403,6 @@ def _draw_memory(rng: random.Random) -> tuple[int, ...]:
     return case if k is None else (*case, k)
 
 
-def _is_bytes(value: Any) -> bool:
-    """A real number (numpy scalars and 0-d tensors included), not a bool, a string or bytes."""
-    return not isinstance(value, (bool, str, bytes)) and _number(value) is not None
-
-
 def _same_bytes(got: Any, expected: float) -> bool:
     """``got`` is ``expected`` bytes, give or take what rounding a shard's size up or down can change (one
     parameter's 16 bytes at most)."""
@@ -430,7 +425,7 @@ zero_memory_per_device = register("6.3")(
         draw=_draw_memory,
         draws=24,
         reference=paper_bytes,
-        returns=Returns("a number of bytes", _is_bytes, _same_bytes),
+        returns=Returns("a number of bytes", NUMBER.is_kind, _same_bytes),
         keywords=True,
         forbid=("helpers.zero:zero_memory", "helpers.zero:zero_fits"),
         hint="every device keeps 2 bytes of parameters, 2 of gradients and k of optimizer state per parameter, and "
