@@ -12,8 +12,8 @@ processes on the driver (``devices=N, num_nodes=1``). :func:`run_with_distributo
   lost, and :class:`DistributorError` names the root cause and the last checkpoint to resume from.
 * **The job protocol** (:mod:`helpers.jobs`): failure records and their root-cause rule, rank 0's result even when
   ``torchrun`` loses it, MLflow runs of a failed job ended FAILED.
-* **A sealed call** (:func:`run_sealed`): the function, its arguments and rank 0's result travel as bytes through
-  the Spark tasks that only start ``torchrun``, which never import what the function needs.
+* **A sealed call** (:func:`run_sealed`): the function and its arguments travel as bytes through the Spark task
+  that only starts ``torchrun``, so that task never imports what the function needs.
 """
 
 from __future__ import annotations
@@ -28,17 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from helpers import CourseInputError
-from helpers.jobs import (
-    STALL_HINT,
-    STALL_TIMEOUT_ENV,
-    JobError,
-    JobFolder,
-    SealedCall,
-    opened,
-    ranked_call,
-    run_job,
-    stall_timeout_s,
-)
+from helpers.jobs import STALL_HINT, STALL_TIMEOUT_ENV, JobError, JobFolder, ranked_call, run_job, stall_timeout_s
 from helpers.logs import drop_below_warning
 from helpers.lost_hosts import LOST_GRACE_S, ExecutorLoss
 from helpers.shared_storage import check_shared_folder
@@ -226,10 +216,22 @@ def threads_per_process(spark, num_processes: int, local_mode: bool) -> int:
     return max(1, int(spark.conf.get("spark.task.cpus", "1")))
 
 
+def _opened(payload: bytes) -> bytes:
+    """In a training process: the call :func:`run_sealed` sealed, made; its result sealed for the way back."""
+    from pyspark import cloudpickle
+
+    fn, args, kwargs = cloudpickle.loads(payload)
+    return cloudpickle.dumps(fn(*args, **kwargs))
+
+
 def run_sealed(distributor, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``distributor.run(fn, *args, **kwargs)``, with the call and rank 0's result sealed in bytes
-    (:class:`helpers.jobs.SealedCall`): in distributed mode each Spark task, which only starts ``torchrun``, would
-    otherwise unpickle the call to pickle it again, and rank 0's result to send it back, importing what they need.
+    """``distributor.run(fn, *args, **kwargs)``, with ``fn`` and its arguments sealed in bytes until a training
+    process opens them.
+
+    In distributed mode each Spark task unpickles what ``run`` was given only to pickle it again for ``torchrun``,
+    and unpickles rank 0's result only to send it back; unpickling ``fn`` or a result there imports everything
+    they need (Lightning, Petastorm: about 5 CPU-s a task, on the cores the training processes then share).
+    Sealed both ways, the task handles bytes and imports this module only.
 
     Args:
         distributor: a ``TorchDistributor``.
@@ -240,7 +242,10 @@ def run_sealed(distributor, fn: Callable[..., Any], *args: Any, **kwargs: Any) -
     Returns:
         What ``fn`` returned on global rank 0 (what ``distributor.run`` returns).
     """
-    return opened(distributor.run(SealedCall(fn, *args, **kwargs)))
+    from pyspark import cloudpickle
+
+    sealed = distributor.run(_opened, cloudpickle.dumps((fn, args, kwargs)))
+    return None if sealed is None else cloudpickle.loads(sealed)
 
 
 def run_with_distributor(

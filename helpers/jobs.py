@@ -45,12 +45,10 @@ __all__ = [
     "Failure",
     "JobError",
     "JobFolder",
-    "SealedCall",
     "StalledCollectiveError",
     "WorkerCall",
     "is_collateral",
     "last_checkpoint",
-    "opened",
     "pin_threads",
     "ranked_call",
     "record_mlflow_run",
@@ -501,34 +499,6 @@ class WorkerCall:
         except BaseException as exc:
             JobFolder(self.job_path).record_failure(int(os.environ.get(self.rank_env, "0")), exc)
             raise
-
-
-class SealedCall:
-    """``fn(*args, **kwargs)`` sealed in bytes where it is made, opened only in the process that calls it, and its
-    result sealed for the way back (:func:`opened`).
-
-    A launcher's go-between processes (each Spark task of TorchDistributor, which only starts ``torchrun``; Ray
-    Train's controller, which only hands the loop to the workers) unpickle what they pass on. A plain function would
-    make each of them import everything it needs: Lightning and Petastorm, about 5 CPU-s a process, before any
-    training process starts.
-
-    Args:
-        fn: the function the training processes run.
-        args: its positional arguments.
-        kwargs: its keyword arguments.
-    """
-
-    def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any):
-        self.payload = cloudpickle.dumps((fn, args, kwargs))
-
-    def __call__(self) -> bytes:
-        fn, args, kwargs = cloudpickle.loads(self.payload)
-        return cloudpickle.dumps(fn(*args, **kwargs))
-
-
-def opened(result: bytes | None) -> Any:
-    """What a :class:`SealedCall` returned, unsealed (None stays None: a launcher that returns nothing)."""
-    return None if result is None else cloudpickle.loads(result)
 
 
 class _ThreadsAndStallBound:

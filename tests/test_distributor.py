@@ -11,7 +11,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import cloudpickle
 import pytest
 from mlflow.tracking import MlflowClient
 from pyspark import cloudpickle as spark_cloudpickle
@@ -32,10 +31,8 @@ from helpers.worker import TrainSettings, train_with_distributor
 
 ACCURACY_FLOOR = 0.8
 
-# the jobs below run functions of this module in processes that cannot import it: ship them by value (TorchDistributor
-# pickles with pyspark's own copy of cloudpickle, a sealed call with cloudpickle)
-for _pickler in (cloudpickle, spark_cloudpickle):
-    _pickler.register_pickle_by_value(sys.modules[__name__])
+# the jobs below run functions of this module in processes that cannot import it: TorchDistributor ships them by value
+spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.mark.parametrize(
