@@ -2,37 +2,24 @@
 real 2-process training in local mode (``torchrun`` on this machine, Gloo) on the shared local session.
 
 Distributed mode on the workers of a real cluster is exercised by ``test_multi_node_faults.py`` (and lesson 4's
-notebook); local mode needs no cluster, so this file stays quick. Its barrier tasks on the local session show that a
-sealed call crosses them unopened.
+notebook); local mode needs no cluster, so this file stays quick.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from pyspark import cloudpickle as spark_cloudpickle
 
 from helpers import CourseInputError
-from helpers.distributor import (
-    DistributorError,
-    _summarise,
-    ddp_layout,
-    make_distributor,
-    process_group_backend,
-    run_sealed,
-)
+from helpers.distributor import DistributorError, _summarise, ddp_layout, make_distributor, process_group_backend
 from helpers.phases import job_clock, log_job_clock, phases
 from helpers.spark import gpu_task_slots, task_slots
 from helpers.tracking import tracking_uri
 from helpers.worker import TrainSettings, train_with_distributor
 
 ACCURACY_FLOOR = 0.8
-
-# the jobs below run functions of this module in processes that cannot import it: TorchDistributor ships them by value
-spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.mark.parametrize(
@@ -175,35 +162,3 @@ def test_a_failing_process_raises_a_distributor_error_with_its_python_error(work
         train_with_distributor(None, None, 0, TrainSettings(), num_processes=2, local_mode=True, spark=spark)
     assert caught.value.last_checkpoint is None
     assert "No checkpoint was written yet" in str(caught.value)
-
-
-def _rebuilt_outside_a_spark_task(text: str) -> NotInASparkTask:
-    from pyspark import TaskContext
-
-    if TaskContext.get() is not None:
-        raise RuntimeError("a Spark task unpickled what only the training processes need")
-    return NotInASparkTask(text)
-
-
-class NotInASparkTask:
-    """A value that refuses to be unpickled in a Spark task, as a Lightning module does in effect (its import costs a
-    task about 5 CPU-s); a training process (started by torchrun) and the driver unpickle it."""
-
-    def __init__(self, text: str):
-        self.text = text
-
-    def __reduce__(self):
-        return _rebuilt_outside_a_spark_task, (self.text,)
-
-
-def _echo(value: NotInASparkTask) -> NotInASparkTask:
-    return NotInASparkTask(f"{value.text} and back")
-
-
-@pytest.mark.slow
-def test_a_sealed_call_and_its_result_cross_the_spark_tasks_unopened(spark):
-    distributor = make_distributor(2, local_mode=False, spark=spark)
-    assert run_sealed(distributor, _echo, NotInASparkTask("there")).text == "there and back"
-    # the premise: unsealed, each barrier task unpickles the call (and the job fails here)
-    with pytest.raises(Exception, match="a Spark task unpickled"):
-        distributor.run(_echo, NotInASparkTask("there"))
