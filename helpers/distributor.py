@@ -12,8 +12,6 @@ processes on the driver (``devices=N, num_nodes=1``). :func:`run_with_distributo
   lost, and :class:`DistributorError` names the root cause and the last checkpoint to resume from.
 * **The job protocol** (:mod:`helpers.jobs`): failure records and their root-cause rule, rank 0's result even when
   ``torchrun`` loses it, MLflow runs of a failed job ended FAILED.
-* **A sealed call** (:func:`run_sealed`): the function and its arguments travel as bytes through the Spark task
-  that only starts ``torchrun``, so that task never imports what the function needs.
 """
 
 from __future__ import annotations
@@ -45,7 +43,6 @@ __all__ = [
     "failure_reason",
     "make_distributor",
     "process_group_backend",
-    "run_sealed",
     "run_with_distributor",
     "spark_session",
     "threads_per_process",
@@ -216,38 +213,6 @@ def threads_per_process(spark, num_processes: int, local_mode: bool) -> int:
     return max(1, int(spark.conf.get("spark.task.cpus", "1")))
 
 
-def _opened(payload: bytes) -> bytes:
-    """In a training process: the call :func:`run_sealed` sealed, made; its result sealed for the way back."""
-    from pyspark import cloudpickle
-
-    fn, args, kwargs = cloudpickle.loads(payload)
-    return cloudpickle.dumps(fn(*args, **kwargs))
-
-
-def run_sealed(distributor, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``distributor.run(fn, *args, **kwargs)``, with ``fn`` and its arguments sealed in bytes until a training
-    process opens them.
-
-    In distributed mode each Spark task unpickles what ``run`` was given only to pickle it again for ``torchrun``,
-    and unpickles rank 0's result only to send it back; unpickling ``fn`` or a result there imports everything
-    they need (Lightning, Petastorm: about 5 CPU-s a task, on the cores the training processes then share).
-    Sealed both ways, the task handles bytes and imports this module only.
-
-    Args:
-        distributor: a ``TorchDistributor``.
-        fn: the function every training process runs.
-        args: ``fn``'s positional arguments.
-        kwargs: ``fn``'s keyword arguments.
-
-    Returns:
-        What ``fn`` returned on global rank 0 (what ``distributor.run`` returns).
-    """
-    from pyspark import cloudpickle
-
-    sealed = distributor.run(_opened, cloudpickle.dumps((fn, args, kwargs)))
-    return None if sealed is None else cloudpickle.loads(sealed)
-
-
 def run_with_distributor(
     distributor,
     fn: Callable[..., Any],
@@ -288,7 +253,7 @@ def run_with_distributor(
             elapsed = time.monotonic() - started
             return _distributor_error(exc, watchdog, job, checkpoint_dir, distributor, elapsed)
 
-        return run_job(job, lambda: run_sealed(distributor, call, **kwargs), error_for)
+        return run_job(job, lambda: distributor.run(call, **kwargs), error_for)
 
 
 def _stall_reason(job: JobFolder, num_processes: int) -> str | None:
