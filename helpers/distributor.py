@@ -12,6 +12,8 @@ processes on the driver (``devices=N, num_nodes=1``). :func:`run_with_distributo
   lost, and :class:`DistributorError` names the root cause and the last checkpoint to resume from.
 * **The job protocol** (:mod:`helpers.jobs`): failure records and their root-cause rule, rank 0's result even when
   ``torchrun`` loses it, MLflow runs of a failed job ended FAILED.
+* **A sealed call** (:func:`run_sealed`): the function, its arguments and rank 0's result travel as bytes through
+  the Spark tasks that only start ``torchrun``, which never import what the function needs.
 """
 
 from __future__ import annotations
@@ -26,7 +28,17 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from helpers import CourseInputError
-from helpers.jobs import STALL_HINT, STALL_TIMEOUT_ENV, JobError, JobFolder, ranked_call, run_job, stall_timeout_s
+from helpers.jobs import (
+    STALL_HINT,
+    STALL_TIMEOUT_ENV,
+    JobError,
+    JobFolder,
+    SealedCall,
+    opened,
+    ranked_call,
+    run_job,
+    stall_timeout_s,
+)
 from helpers.logs import drop_below_warning
 from helpers.lost_hosts import LOST_GRACE_S, ExecutorLoss
 from helpers.shared_storage import check_shared_folder
@@ -43,6 +55,7 @@ __all__ = [
     "failure_reason",
     "make_distributor",
     "process_group_backend",
+    "run_sealed",
     "run_with_distributor",
     "spark_session",
     "threads_per_process",
@@ -52,7 +65,7 @@ __all__ = [
 # a collective that ran past the process group's timeout (Gloo; NCCL's watchdog)
 _TIMED_OUT = re.compile(r"Timed out waiting|collective operation timeout|Watchdog caught", re.IGNORECASE)
 # a frame of the user's code in a traceback, and the line it ran
-_USER_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line \d+, in \S+\n\s*(?P<code>\S.*)$', re.MULTILINE)
+_USER_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line \d+, in \S+\n\s*(?P<code>(?!File ")\S.*)$', re.MULTILINE)
 # a Python error line of a training process, possibly prefixed by torchrun with its rank
 _ERROR_LINE = re.compile(
     r"^\s*(?:\[(?:rank|default)\d+\]:\s*)?([\w.]+(?:Error|Exception|Interrupt)\b.*)$", re.MULTILINE
@@ -213,6 +226,23 @@ def threads_per_process(spark, num_processes: int, local_mode: bool) -> int:
     return max(1, int(spark.conf.get("spark.task.cpus", "1")))
 
 
+def run_sealed(distributor, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``distributor.run(fn, *args, **kwargs)``, with the call and rank 0's result sealed in bytes
+    (:class:`helpers.jobs.SealedCall`): in distributed mode each Spark task, which only starts ``torchrun``, would
+    otherwise unpickle the call to pickle it again, and rank 0's result to send it back, importing what they need.
+
+    Args:
+        distributor: a ``TorchDistributor``.
+        fn: the function every training process runs.
+        args: ``fn``'s positional arguments.
+        kwargs: ``fn``'s keyword arguments.
+
+    Returns:
+        What ``fn`` returned on global rank 0 (what ``distributor.run`` returns).
+    """
+    return opened(distributor.run(SealedCall(fn, *args, **kwargs)))
+
+
 def run_with_distributor(
     distributor,
     fn: Callable[..., Any],
@@ -253,7 +283,7 @@ def run_with_distributor(
             elapsed = time.monotonic() - started
             return _distributor_error(exc, watchdog, job, checkpoint_dir, distributor, elapsed)
 
-        return run_job(job, lambda: distributor.run(call, **kwargs), error_for)
+        return run_job(job, lambda: run_sealed(distributor, call, **kwargs), error_for)
 
 
 def _stall_reason(job: JobFolder, num_processes: int) -> str | None:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
+from pyspark import cloudpickle as spark_cloudpickle
 
 from helpers.network import pin_interface
 from helpers.processes import end_with_parent
@@ -45,10 +46,12 @@ __all__ = [
     "Failure",
     "JobError",
     "JobFolder",
+    "SealedCall",
     "StalledCollectiveError",
     "WorkerCall",
     "is_collateral",
     "last_checkpoint",
+    "opened",
     "pin_threads",
     "ranked_call",
     "record_mlflow_run",
@@ -499,6 +502,36 @@ class WorkerCall:
         except BaseException as exc:
             JobFolder(self.job_path).record_failure(int(os.environ.get(self.rank_env, "0")), exc)
             raise
+
+
+class SealedCall:
+    """``fn(*args, **kwargs)`` sealed in bytes where it is made, opened only in the process that calls it, and its
+    result sealed for the way back (:func:`opened`).
+
+    A launcher's go-between processes (each Spark task of TorchDistributor, which only starts ``torchrun``; Ray
+    Train's controller, which only hands the loop to the workers) unpickle what they pass on. A plain function would
+    make each of them import everything it needs: Lightning and Petastorm, about 5 CPU-s a process, before any
+    training process starts.
+
+    Args:
+        fn: the function the training processes run.
+        args: its positional arguments.
+        kwargs: its keyword arguments.
+    """
+
+    def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any):
+        # pyspark's cloudpickle, as TorchDistributor itself pickles: a function sent by value keeps its file's name,
+        # so a rank's traceback shows the learner's line (cloudpickle 3 names every such frame "<dynamic-code>")
+        self.payload = spark_cloudpickle.dumps((fn, args, kwargs))
+
+    def __call__(self) -> bytes:
+        fn, args, kwargs = spark_cloudpickle.loads(self.payload)
+        return spark_cloudpickle.dumps(fn(*args, **kwargs))
+
+
+def opened(result: bytes | None) -> Any:
+    """What a :class:`SealedCall` returned, unsealed (None stays None: a launcher that returns nothing)."""
+    return None if result is None else spark_cloudpickle.loads(result)
 
 
 class _ThreadsAndStallBound:

@@ -23,7 +23,7 @@ import psutil
 
 from helpers import RAY_TRAIN_V2, CourseInputError
 from helpers.distributor import process_group_backend
-from helpers.jobs import JobError, JobFolder, WorkerCall, ranked_call, run_job, stall_timeout_s
+from helpers.jobs import JobError, JobFolder, SealedCall, ranked_call, run_job, stall_timeout_s
 from helpers.validation import check_flag, whole_number
 
 __all__ = ["RayJobError", "run_with_ray"]
@@ -34,18 +34,6 @@ _WORKER_EXIT_S = 30  # Ray Train's own patience with a worker that does not exit
 
 class RayJobError(JobError):
     """A Ray Train job failed: ``reason`` names the root cause (see :class:`helpers.jobs.JobError`)."""
-
-
-class _TrainLoop:
-    """Ray Train's ``train_loop_per_worker``: the job's :class:`~helpers.jobs.WorkerCall` with the user's arguments
-    (kept here rather than in ``train_loop_config``, which Ray Tune copies and searches)."""
-
-    def __init__(self, call: WorkerCall, kwargs: dict[str, Any]):
-        self.call = call
-        self.kwargs = kwargs
-
-    def __call__(self) -> None:
-        self.call(**self.kwargs)
 
 
 def _check_resources(num_workers: int, cpus_per_worker: int, use_gpu: bool) -> None:
@@ -79,7 +67,7 @@ def _require_v2() -> None:
 
 
 def _trainer(
-    loop: _TrainLoop, job: JobFolder, num_workers: int, cpus_per_worker: int, use_gpu: bool, max_failures: int
+    loop: SealedCall, job: JobFolder, num_workers: int, cpus_per_worker: int, use_gpu: bool, max_failures: int
 ):
     """The ``TorchTrainer`` (Ray Train V2: its controller takes no resources, so the workers may have every CPU):
     one worker of ``cpus_per_worker`` CPUs per Ray node if it can (SPREAD), ``max_failures`` restarts of the worker
@@ -136,7 +124,9 @@ def run_with_ray(
     _require_v2()
     _check_resources(num_workers, cpus_per_worker, use_gpu)
     job = JobFolder.create("ray")
-    loop = _TrainLoop(ranked_call(fn, job, cpus_per_worker), kwargs)
+    # sealed: Ray Train's controller only hands the loop on (the arguments stay out of train_loop_config, which Ray
+    # Tune copies and searches)
+    loop = SealedCall(ranked_call(fn, job, cpus_per_worker), **kwargs)
     started = time.monotonic()
 
     def error_for(exc: Exception) -> RayJobError:

@@ -2,24 +2,43 @@
 real 2-process training in local mode (``torchrun`` on this machine, Gloo) on the shared local session.
 
 Distributed mode on the workers of a real cluster is exercised by ``test_multi_node_faults.py`` (and lesson 4's
-notebook); local mode needs no cluster, so this file stays quick.
+notebook); local mode needs no cluster, so this file stays quick. Its barrier tasks on the local session show that a
+sealed call crosses them unopened.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
+import cloudpickle
 import pytest
 from mlflow.tracking import MlflowClient
+from pyspark import cloudpickle as spark_cloudpickle
 
 from helpers import CourseInputError
-from helpers.distributor import DistributorError, _summarise, ddp_layout, make_distributor, process_group_backend
+from helpers.distributor import (
+    DistributorError,
+    _summarise,
+    ddp_layout,
+    failure_reason,
+    make_distributor,
+    process_group_backend,
+    run_sealed,
+)
+from helpers.jobs import JobFolder
 from helpers.phases import job_clock, log_job_clock, phases
 from helpers.spark import gpu_task_slots, task_slots
 from helpers.tracking import tracking_uri
 from helpers.worker import TrainSettings, train_with_distributor
 
 ACCURACY_FLOOR = 0.8
+
+# the jobs below run functions of this module in processes that cannot import it: ship them by value (TorchDistributor
+# pickles with pyspark's own copy of cloudpickle, a sealed call with cloudpickle)
+for _pickler in (cloudpickle, spark_cloudpickle):
+    _pickler.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.mark.parametrize(
@@ -121,6 +140,36 @@ def test_error_summary_is_the_training_process_s_last_python_error():
     )
 
 
+STALLED_RANK = (
+    "Traceback (most recent call last):\n"
+    '  File "/work/helpers/jobs.py", line 554, in __call__\n'
+    "    return self.fn(*args, **kwargs)\n"
+    '  File "{file}", line 98, in ddp_steps\n'
+    "{code}"
+    '  File "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 83, in wrapper\n'
+    "    return func(*args, **kwargs)\n"
+    "RuntimeError: [gloo] Timed out waiting 5000ms for recv operation to complete\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("file", "code", "named"),
+    [
+        ("/home/me/lesson.py", "    dist.all_reduce(torch.ones(4))\n", "0 (at `dist.all_reduce(torch.ones(4))`)"),
+        # a frame without its source line (a function sent by value, whose file is not on this host): the rank, and
+        # never the next frame's "File ..." line as its code
+        ("<dynamic-code>", "", "0 (at `return self.fn(*args, **kwargs)`)"),
+    ],
+)
+def test_a_stall_names_the_line_of_the_rank_s_own_code_where_there_is_one(tmp_path, file, code, named):
+    job = JobFolder(tmp_path)
+    job.record_failure(0, RuntimeError("[gloo] Timed out waiting 5000ms for recv operation to complete"))
+    record = tmp_path / "failure-rank-0.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "text": STALLED_RANK.format(file=file, code=code)}))
+    reason = failure_reason(RuntimeError("torchrun failed"), job, num_processes=2)
+    assert reason.startswith(f"a collective stalled: rank(s) {named} waited"), reason
+
+
 @pytest.mark.slow
 def test_local_mode_ddp_trains_to_the_floor_with_one_mlflow_run(work_dir, spark, digits_data):
     _, train_converter, val_converter, class_names = digits_data
@@ -162,3 +211,35 @@ def test_a_failing_process_raises_a_distributor_error_with_its_python_error(work
         train_with_distributor(None, None, 0, TrainSettings(), num_processes=2, local_mode=True, spark=spark)
     assert caught.value.last_checkpoint is None
     assert "No checkpoint was written yet" in str(caught.value)
+
+
+def _rebuilt_outside_a_spark_task(text: str) -> NotInASparkTask:
+    from pyspark import TaskContext
+
+    if TaskContext.get() is not None:
+        raise RuntimeError("a Spark task unpickled what only the training processes need")
+    return NotInASparkTask(text)
+
+
+class NotInASparkTask:
+    """A value that refuses to be unpickled in a Spark task, as a Lightning module does in effect (its import costs a
+    task about 5 CPU-s); a training process (started by torchrun) and the driver unpickle it."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __reduce__(self):
+        return _rebuilt_outside_a_spark_task, (self.text,)
+
+
+def _echo(value: NotInASparkTask) -> NotInASparkTask:
+    return NotInASparkTask(f"{value.text} and back")
+
+
+@pytest.mark.slow
+def test_a_sealed_call_and_its_result_cross_the_spark_tasks_unopened(spark):
+    distributor = make_distributor(2, local_mode=False, spark=spark)
+    assert run_sealed(distributor, _echo, NotInASparkTask("there")).text == "there and back"
+    # the premise: unsealed, each barrier task unpickles the call (and the job fails here)
+    with pytest.raises(Exception, match="a Spark task unpickled"):
+        distributor.run(_echo, NotInASparkTask("there"))

@@ -460,7 +460,7 @@ def _on_workers(answer, namespace, args: tuple, workers: int, use_gpu: bool) -> 
     """Run ``answer`` for real with TorchDistributor on the notebook's workers and judge every rank's report."""
     from pyspark.ml.torch.distributor import TorchDistributor
 
-    from helpers.distributor import watched_job
+    from helpers.distributor import run_sealed, watched_job
     from helpers.spark import configure_python_env
 
     spark = require(namespace, "spark")
@@ -468,9 +468,8 @@ def _on_workers(answer, namespace, args: tuple, workers: int, use_gpu: bool) -> 
 
     def launch(record_dir: str) -> None:
         with watched_job(spark, workers):
-            TorchDistributor(num_processes=workers, local_mode=False, use_gpu=use_gpu).run(
-                run_recorded, answer, record_dir, *args, local_mode=False
-            )
+            distributor = TorchDistributor(num_processes=workers, local_mode=False, use_gpu=use_gpu)
+            run_sealed(distributor, run_recorded, answer, record_dir, *args, local_mode=False)
 
     _judge_reports(recorded_job("4.3-reports", "the TorchDistributor job on the workers", launch), workers, use_gpu)
 
