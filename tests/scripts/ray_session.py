@@ -15,13 +15,16 @@ from pathlib import Path
 
 import cloudpickle
 import psutil
+from pyspark import cloudpickle as spark_cloudpickle
 
 import tests.test_answers_lesson6 as lesson6_answers
 from helpers.course.checks import _run
 from helpers.processes import tree_memory
 
-# Ray's workers cannot import the test module: its 6.2 answers travel by value.
-cloudpickle.register_pickle_by_value(lesson6_answers)
+# Ray's workers cannot import the test module: its 6.2 answers travel by value (sealed by helpers.jobs.SealedCall
+# with pyspark's cloudpickle, inside what Ray pickles with its own)
+for _pickler in (cloudpickle, spark_cloudpickle):
+    _pickler.register_pickle_by_value(lesson6_answers)
 
 
 class _PeakMemory(threading.Thread):
