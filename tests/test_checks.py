@@ -421,3 +421,57 @@ def test_a_declared_check_refuses_a_stub_and_blames_itself_for_its_own_bug():
     assert checks._run("97.4", {"half": half})[0] == NOT_ATTEMPTED
     status, message = checks._run("97.4", {"half": lambda n: n // 2})
     assert status == ERROR and message.startswith("the check itself failed (AttributeError"), message
+
+
+def _even_pair(case: tuple, got) -> str | None:
+    """A judge: any pair of even numbers that sums to the case's number is right."""
+    if not isinstance(got, tuple) or len(got) != 2:
+        return f"returned {got!r}: return a pair"
+    if sum(got) != case[0] or any(part % 2 for part in got):
+        return f"= {got!r}: two even numbers that sum to {case[0]}"
+    return None
+
+
+def _pairs_check(exercise_id: str, judge=_even_pair) -> FunctionCheck:
+    return FunctionCheck(
+        exercise_id,
+        answer="pair",
+        fixed=[(4,), (10,)],
+        judge=judge,
+        forbid=("helpers.loaders:steps_per_epoch",),
+        hint="split it into two even numbers",
+        passed="{n} pairs",
+    )
+
+
+@pytest.mark.parametrize(
+    "answer, status, message",
+    [
+        (lambda n: (n, 0), PASSED, "2 pairs"),
+        (lambda n: (2, n - 2), PASSED, "2 pairs"),  # another right result: the judge, not one reference, decides
+        (lambda n: (n - 1, 1), FAILED, "pair(4) = (3, 1): two even numbers that sum to 4"),
+        (lambda n: [n, 0], FAILED, "pair(4) returned [4, 0]: return a pair"),
+        (lambda n: print(n), NOT_ATTEMPTED, "pair returns nothing yet: add a return"),
+        (
+            lambda n: (n // 0, 0),
+            FAILED,
+            "pair(4) raised ZeroDivisionError: integer division or modulo by zero: split it into two even numbers",
+        ),  # fmt: skip
+        (
+            lambda n: (__import__("helpers.loaders").loaders.steps_per_epoch(n, 2, 1), 0),
+            FAILED,
+            "your answer calls helpers.loaders.steps_per_epoch, which does this exercise for you: write it yourself",
+        ),
+    ],
+)
+def test_a_judged_check_says_what_is_wrong_with_what_came_back(answer, status, message):
+    register("97.5")(_pairs_check("97.5"))
+    assert checks._run("97.5", {"pair": answer}) == (status, message)
+
+
+def test_a_judged_check_blames_itself_for_its_judge_s_bug_and_refuses_a_second_verdict():
+    register("97.6")(_pairs_check("97.6", judge=lambda case, got: got.bad_attribute))
+    status, message = checks._run("97.6", {"pair": lambda n: (n, 0)})
+    assert status == ERROR and message.startswith("the check itself failed (AttributeError"), message
+    with pytest.raises(TypeError, match="declare a reference or a judge, not both"):
+        FunctionCheck("97.7", answer="pair", fixed=[(4,)], judge=_even_pair, reference=_halved, hint="", passed="")

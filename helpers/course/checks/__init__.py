@@ -12,7 +12,8 @@ A lesson's check functions live in ``helpers/course/checks/lessonN.py`` and regi
         return "2 disjoint shards"                      # the success message
 
 A check of one function on cases (arguments in, a value out) is declared instead, and one engine runs it
-(:class:`~helpers.course.checks.function_check.FunctionCheck`: its cases, reference, forbidden helpers and hint).
+(:class:`~helpers.course.checks.function_check.FunctionCheck`: its cases, its reference or judge, forbidden helpers
+and hint).
 
 ``check`` imports ``helpers.course.checks.lessonN`` on first use of an id ``"N.x"`` (a notebook may also register
 its own ids), runs the function and prints one line: passed, failed with a hint, or not attempted. It never raises, so

@@ -13,8 +13,10 @@ The engine takes the answer from the notebook's namespace (or as the function it
 a body that returns nothing as not attempted yet), runs every case inside the tripwire
 (:func:`~helpers.course.checks.own_work`), and fails with one line that names the call:
 ``max_processes(executors=2, ...) = 3, expected 2: <hint>``; an error the answer raises gets the same line and hint.
-An error of the reference is the check's own (``check`` reports it as a bug of the course). The corpus in ``tests/``
-reads :meth:`FunctionCheck.cases`, the very cases the learner's answer meets.
+Where no single right result exists (a config, a table), a ``judge`` of the case and the result says what is wrong
+instead of a reference: ``zero_config_for(2, 32, 2, 1, 0.02) has zero_optimization.stage=1, expected 2``. An error of
+the reference or the judge is the check's own (``check`` reports it as a bug of the course). The corpus in
+``tests/`` reads :meth:`FunctionCheck.cases`, the very cases the learner's answer meets.
 """
 
 from __future__ import annotations
@@ -97,11 +99,14 @@ class FunctionCheck:
         exercise_id: the exercise's id, ``"N.x"``: it seeds the drawn cases, so every run meets the same ones.
         answer: the name of the function the exercise asks for (read from the notebook's namespace).
         fixed: the cases every answer meets first (argument tuples): the text's examples and the edge cases.
-        reference: the right result of a case, called with its arguments (its parameters name them in a hint);
-            a set holds every right result where several are.
         hint: what to fix, after ``call = got, expected X:``; or a function of the case and what the answer
             returned (or raised) that says it.
         passed: the success message; ``{n}`` is the number of cases.
+        reference: the right result of a case, called with its arguments (its parameters name them in a hint);
+            a set holds every right result where several are.
+        judge: instead of ``reference``, a function of the case and the answer's result: None where the result is
+            right, else what is wrong, worded to follow the call (``"returned a list: return a dict"``). It runs
+            after the answer, outside the tripwire.
         draw: one more case from a ``random.Random``; ``draws`` of them follow the fixed cases.
         draws: how many cases ``draw`` adds.
         returns: what the answer must return, and how it is compared (:data:`WHOLE`, :data:`NUMBER`).
@@ -112,9 +117,10 @@ class FunctionCheck:
     exercise_id: str
     answer: str
     fixed: Sequence[tuple]
-    reference: Callable[..., Any]
     hint: str | Callable[[tuple, Any], str]
     passed: str
+    reference: Callable[..., Any] | None = None
+    judge: Callable[[tuple, Any], str | None] | None = None
     draw: Callable[[random.Random], tuple] | None = None
     draws: int = 0
     returns: Returns = WHOLE
@@ -129,7 +135,7 @@ class FunctionCheck:
 
     def check_functions(self) -> tuple[Any, ...]:
         """The check's own code: an error raised there is a bug of the check, not the learner's failure."""
-        return tuple(part for part in (self.reference, self.draw, self.hint) if callable(part))
+        return tuple(part for part in (self.reference, self.judge, self.draw, self.hint) if callable(part))
 
     def call(self, case: tuple) -> str:
         """How a hint shows the answer's call on ``case``."""
@@ -138,31 +144,63 @@ class FunctionCheck:
             return f"{self.answer}({', '.join(f'{n}={_shown(v)}' for n, v in zip(names, case))})"
         return f"{self.answer}({', '.join(map(_shown, case))})"
 
+    def __post_init__(self):
+        if (self.reference is None) == (self.judge is None):
+            raise TypeError(f"check {self.exercise_id}: declare a reference or a judge, not both")
+        if self.keywords and self.reference is None:
+            raise TypeError(f"check {self.exercise_id}: keywords=True names the reference's parameters: declare one")
+
     def __call__(self, answer: Any) -> str:
         fn = require(answer, self.answer) if isinstance(answer, Mapping) else answer
         require_implemented(fn)
         cases = self.cases()
-        right = [self.reference(*case) for case in cases]  # before the tripwire: the reference may use the helpers
+        # before the tripwire: the reference may use the helpers
+        right = [self.reference(*case) for case in cases] if self.reference else [None] * len(cases)
+        results: list[Any] = []
         with own_work(*_helpers(self.forbid)):
-            for case, expected in zip(cases, right):
-                self._judge(fn, case, expected)
+            for case in cases:
+                results.append(_result(fn, case))
+                if isinstance(results[-1], _Raised):
+                    break
+        for case, expected, result in zip(cases, right, results):
+            self._judge(case, expected, result)
         return self.passed.format(n=len(cases))
 
-    def _judge(self, fn: Callable[..., Any], case: tuple, expected: Any) -> None:
-        """Fail unless ``fn(*case)`` returns ``expected`` (one of them, for a set)."""
-        try:
-            got = fn(*case)
-        except CheckFailed:
-            raise
-        except Exception as error:  # noqa: BLE001 - the learner's code may raise anything
+    def _judge(self, case: tuple, expected: Any, got: Any) -> None:
+        """Fail unless ``got``, what the answer did on ``case``, is right: ``expected`` (one of them, for a set), or
+        what the judge accepts."""
+        if isinstance(got, _Raised):
+            wanted = f"; expected {_shown(expected)}" if self.judge is None else ""
             raise CheckFailed(
-                f"{self.call(case)} raised {type(error).__name__}: {error}; expected {_shown(expected)}: "
-                f"{self._hint(case, error)}"
-            ) from error
-        if not self.returns.is_kind(returned(got, self.answer)):
+                f"{self.call(case)} raised {type(got.error).__name__}: {got.error}{wanted}: "
+                f"{self._hint(case, got.error)}"
+            ) from got.error
+        returned(got, self.answer)
+        if self.judge is not None:
+            problem = self.judge(case, got)
+            if problem:
+                raise CheckFailed(f"{self.call(case)} {problem}")
+        elif not self.returns.is_kind(got):
             raise CheckFailed(f"{self.call(case)} returned {got!r}: return {self.returns.kind}")
-        if not self.returns.matches(got, expected):
+        elif not self.returns.matches(got, expected):
             raise CheckFailed(f"{self.call(case)} = {got!r}, expected {_shown(expected)}: {self._hint(case, got)}")
 
     def _hint(self, case: tuple, got: Any) -> str:
         return self.hint if isinstance(self.hint, str) else self.hint(case, got)
+
+
+@dataclass(frozen=True)
+class _Raised:
+    """An error the answer raised on a case (the cases after it are not run)."""
+
+    error: Exception
+
+
+def _result(fn: Callable[..., Any], case: tuple) -> Any:
+    """``fn(*case)``, or the error it raised as a :class:`_Raised` (a check's own verdicts pass through)."""
+    try:
+        return fn(*case)
+    except CheckFailed:
+        raise
+    except Exception as error:  # noqa: BLE001 - the learner's code may raise anything
+        return _Raised(error)

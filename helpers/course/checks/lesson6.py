@@ -38,7 +38,6 @@ from helpers.course.checks.ranks import FitStopped, rank_report, recorded_fits, 
 
 __all__ = [
     "LOOP_CONFIG_KEYS",
-    "config_cases",
     "effective_batch",
     "expected_scaling",
     "paper_bytes",
@@ -46,7 +45,6 @@ __all__ = [
     "ray_training_function",
     "run_recorded_loop",
     "scaling_cases",
-    "zero_configuration",
     "zero_memory_per_device",
 ]
 
@@ -466,56 +464,42 @@ def effective_batch(config: dict[str, Any], world_size: int) -> tuple[float, flo
     return (micro or 0) * steps * world_size, micro or 0, steps
 
 
-def config_cases(seed: int = 64, count: int = 8) -> list[tuple[int, int, int, int, float]]:
-    """``(stage, micro_batch_size, world_size, accumulation, learning_rate)`` for exercise 6.4.
-
-    Args:
-        seed: the seed of the generator; the same seed gives the same cases.
-        count: how many generated cases.
-
-    Returns:
-        This lesson's run (stage 2, 32 rows, 2 processes) and every stage, then ``count`` generated cases.
-    """
-    rng = random.Random(seed)
-    cases = [(2, 32, 2, 1, 0.02)] + [(stage, 16, 4, 2, 0.01) for stage in (0, 1, 3)]
-    for index in range(count):
-        cases.append(
-            (
-                index % 4,
-                rng.choice([1, 4, 8, 24, 64]),
-                rng.choice([1, 2, 3, 8, 16]),
-                rng.choice([1, 2, 4, 8]),
-                round(rng.uniform(1e-4, 0.1), 5),
-            )
-        )
-    return cases
+def _draw_config(rng: random.Random) -> tuple[int, int, int, int, float]:
+    """One more 6.4 case: any stage, batch sizes from 1 to 64, 1 to 16 processes, 1 to 8 accumulation steps."""
+    return (
+        rng.randrange(4),
+        rng.choice([1, 4, 8, 24, 64]),
+        rng.choice([1, 2, 3, 8, 16]),
+        rng.choice([1, 2, 4, 8]),
+        round(rng.uniform(1e-4, 0.1), 5),
+    )
 
 
-def _judge_config(config: Any, case: tuple[int, int, int, int, float]) -> None:
-    """``config`` is a JSON-able DeepSpeed config DeepSpeed's parser accepts, for ``case``: the stage, the batch
-    arithmetic, lesson 2's SGD (momentum 0.9) at the learning rate, and fp32."""
+def _judge_config(case: tuple[int, int, int, int, float], config: Any) -> str | None:
+    """What is wrong with ``config`` for ``case``, or None: it must be a JSON-able DeepSpeed config DeepSpeed's
+    parser accepts (``helpers.zero.check_zero_config``), with the stage, the batch arithmetic, lesson 2's SGD
+    (momentum 0.9) at the learning rate, and fp32."""
     from helpers import CourseInputError
     from helpers.zero import check_zero_config
 
     stage, micro, world, steps, lr = case
-    call = f"zero_config_for{case}"
     if not isinstance(config, dict):
-        raise CheckFailed(f"{call} returned a {type(config).__name__}: return the DeepSpeed config as a dict")
+        return f"returned a {type(config).__name__}: return the DeepSpeed config as a dict"
     try:
         json.dumps(config)
     except (TypeError, ValueError) as error:
-        raise CheckFailed(f"{call} is not JSON ({error}): the distributor writes it to a file") from None
+        return f"is not JSON ({error}): the distributor writes it to a file"
     try:
         check_zero_config(config, world)
     except CourseInputError as error:
-        raise CheckFailed(f"{call}: {error}") from None
+        return f"is refused: {error}"
     got_stage = config.get("zero_optimization", {}).get("stage", 0)
     if got_stage != stage:
-        raise CheckFailed(f"{call} has zero_optimization.stage={got_stage!r}, expected {stage}")
+        return f"has zero_optimization.stage={got_stage!r}, expected {stage}"
     got = effective_batch(config, world)
     if tuple(map(float, got)) != (micro * steps * world, micro, steps):
-        raise CheckFailed(
-            f"{call} means train_batch_size, micro batch, accumulation = {got}, expected "
+        return (
+            f"means train_batch_size, micro batch, accumulation = {got}, expected "
             f"{(micro * steps * world, micro, steps)}: train_batch_size is the global batch of one optimizer step, "
             "micro batch x accumulation x world size"
         )
@@ -526,40 +510,26 @@ def _judge_config(config: Any, case: tuple[int, int, int, int, float]) -> None:
         or not close(params.get("lr"), lr)
         or params.get("momentum") != 0.9
     ):
-        raise CheckFailed(
-            f"{call} has the optimizer {optimizer!r}: lesson 2's, "
-            f'{{"type": "SGD", "params": {{"lr": {lr}, "momentum": 0.9}}}}'
-        )
+        wanted = {"type": "SGD", "params": {"lr": lr, "momentum": 0.9}}
+        return f"has the optimizer {optimizer!r}: lesson 2's, {json.dumps(wanted)}"
     if any((config.get(key) or {}).get("enabled") for key in ("fp16", "bf16")):
-        raise CheckFailed(f"{call} turns on 16-bit training: this run is in fp32 on the CPU; leave fp16 and bf16 out")
+        return "turns on 16-bit training: this run is in fp32 on the CPU; leave fp16 and bf16 out"
+    return None
 
 
-@register("6.4")
-def zero_configuration(namespace) -> str:
-    """``zero_config_for(stage, micro_batch_size, world_size, accumulation, learning_rate)``: a DeepSpeed config for
-    lesson 2's SGD in fp32, checked with DeepSpeed's own parser (``helpers.zero.check_zero_config``) and the batch
-    arithmetic on :func:`config_cases`.
-
-    Args:
-        namespace: the notebook's ``globals()``, holding ``zero_config_for``.
-
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``zero_config_for`` is not defined, is a stub, or returns None.
-        CheckFailed: a config is not a JSON-able dict that DeepSpeed and the course's rules accept, or its stage,
-            batch sizes, optimizer or precision are not the ones asked for.
-        Delegated: the answer calls ``helpers.zero.zero_config``.
-        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
-    """
-    from helpers.zero import zero_config
-
-    zero_config_for = require(namespace, "zero_config_for")
-    require_implemented(zero_config_for)
-    cases = config_cases()
-    with own_work(zero_config):
-        answers = [returned(zero_config_for(*case), f"zero_config_for{case}") for case in cases]
-    for case, config in zip(cases, answers, strict=True):
-        _judge_config(config, case)
-    return f"{len(cases)} configs for stages 0-3 pass DeepSpeed's parser, with the right batch arithmetic"
+# a DeepSpeed config for lesson 2's SGD in fp32, checked with DeepSpeed's own parser and the batch arithmetic
+register("6.4")(
+    FunctionCheck(
+        "6.4",
+        answer="zero_config_for",
+        # this lesson's run (stage 2, 32 rows, 2 processes), then the other stages
+        fixed=[(2, 32, 2, 1, 0.02)] + [(stage, 16, 4, 2, 0.01) for stage in (0, 1, 3)],
+        draw=_draw_config,
+        draws=8,
+        judge=_judge_config,
+        forbid=("helpers.zero:zero_config",),
+        hint="build the dict from the arguments: zero_optimization.stage, the batch sizes (train_batch_size = micro "
+        "batch x accumulation x world size), lesson 2's SGD at learning_rate",
+        passed="{n} configs for stages 0-3 pass DeepSpeed's parser, with the right batch arithmetic",
+    )
+)
