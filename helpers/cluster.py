@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from helpers import CourseInputError
 from helpers.processes import clean_up_at_exit, kill_tree, process_tree, stop_processes
 from helpers.shared_storage import check_shared_folder
-from helpers.spark import configure_python_env, executor_count, find_java_home, get_spark
+from helpers.spark import QUICK_JVM_OPTIONS, configure_python_env, executor_count, find_java_home, get_spark
 from helpers.validation import whole_number
 from helpers.workdir import work_dir, work_path
 
@@ -454,10 +454,12 @@ class LocalCluster:
         )
 
     def _daemon_env(self) -> dict[str, str]:
-        """Environment of the master and workers: Java, loopback only, and this interpreter for Python workers."""
+        """Environment of the master and workers: Java, loopback only, this interpreter for Python workers, and the
+        course's JVM options (inherited by the executors the workers start)."""
         configure_python_env()
         env = dict(os.environ)
         env.update(
+            JAVA_TOOL_OPTIONS=" ".join(filter(None, [env.get("JAVA_TOOL_OPTIONS"), QUICK_JVM_OPTIONS])),
             JAVA_HOME=str(find_java_home()),
             SPARK_HOME=str(spark_class().parent.parent),
             SPARK_LOCAL_IP=HOST,

@@ -45,7 +45,7 @@ from pathlib import Path
 from helpers import CourseInputError
 from helpers.cluster import spark_class
 from helpers.processes import clean_up_at_exit
-from helpers.spark import find_java_home
+from helpers.spark import QUICK_JVM_OPTIONS, find_java_home
 from helpers.validation import whole_number
 
 __all__ = [
@@ -506,8 +506,9 @@ class MultiHostCluster:
             raise NamespaceUnavailable(f"host {host.name} did not start: {(line + rest).strip()[-300:]}")
 
     def _spark_env(self, host: Host) -> dict[str, str]:
-        """The environment of a Spark daemon on ``host``."""
+        """The environment of a Spark daemon on ``host`` (the JVM options reach the executors it starts)."""
         return {
+            "JAVA_TOOL_OPTIONS": QUICK_JVM_OPTIONS,
             "JAVA_HOME": str(find_java_home()),
             "SPARK_HOME": str(spark_class().parent.parent),
             "SPARK_DAEMON_MEMORY": "256m",

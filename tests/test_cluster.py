@@ -18,6 +18,7 @@ import pytest
 
 from helpers import CourseInputError
 from helpers.cluster import ClusterStartError, LocalCluster, executor_memory_mb, parse_memory_mb, slot_executor_size
+from helpers.spark import QUICK_JVM_OPTIONS
 from tests.processes import alive, driver_errors, processes_of, run_driver, start_driver
 
 # Generous: cluster start takes 15-40 s on 2 busy cores.
@@ -74,6 +75,15 @@ def test_tasks_run_in_one_executor_jvm_per_worker_with_this_interpreter(main_run
     # Each executor JVM is a child of a different worker JVM that the cluster started.
     assert {task["parent"] for task in tasks} == set(report["worker_pids"])
     assert {task["python"] for task in tasks} == {report["driver_python"]}
+
+
+@pytest.mark.slow
+def test_the_driver_and_the_executors_run_with_the_course_s_jvm_options(main_run):
+    report, _ = main_run
+    quick = QUICK_JVM_OPTIONS.split()
+    assert set(quick) <= set(report["driver_jvm_options"]), report["driver_jvm_options"]
+    for task in report["tasks"]:
+        assert set(quick) <= set(task["jvm_options"].split()), task
 
 
 @pytest.mark.slow

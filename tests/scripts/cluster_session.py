@@ -31,7 +31,8 @@ def sizing(spark) -> dict:
 
 
 def where_am_i(rows) -> list[dict]:
-    """Runs in a Spark Python worker: the executor JVM above it, that executor's parent, this interpreter."""
+    """Runs in a Spark Python worker: the executor JVM above it, its JVM options, that executor's parent, this
+    interpreter."""
     import sys
 
     import psutil
@@ -43,6 +44,7 @@ def where_am_i(rows) -> list[dict]:
         {
             "executor": executor and executor.pid,
             "parent": executor and executor.ppid(),
+            "jvm_options": executor and executor.environ().get("JAVA_TOOL_OPTIONS", ""),
             "python": sys.executable,
             "rows": len(list(rows)),
         }
@@ -52,6 +54,7 @@ def where_am_i(rows) -> list[dict]:
 def registration(cluster: LocalCluster, work: str) -> dict:
     """What the master reports and which processes run, plus where a job's tasks ran."""
     state = master_state(cluster.ui_url)
+    driver_jvm = cluster.spark.sparkContext._jvm
     return {
         "master_url": cluster.master_url,
         "ui_url": cluster.ui_url,
@@ -62,6 +65,9 @@ def registration(cluster: LocalCluster, work: str) -> dict:
         "running": processes_of(work),
         "sizing": sizing(cluster.spark),
         "tasks": cluster.spark.sparkContext.parallelize(range(80), 8).mapPartitions(where_am_i).collect(),
+        "driver_jvm_options": list(
+            driver_jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
+        ),
     }
 
 
