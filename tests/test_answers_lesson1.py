@@ -108,6 +108,11 @@ def indices_pandas(labels):
     return pd.Series(sorted(pd.unique(pd.Series(labels)))).reset_index().set_index(0)["index"].to_dict()
 
 
+def indices_sorting_in_place(labels):
+    labels.sort()
+    return {name: index for index, name in enumerate(dict.fromkeys(labels))}
+
+
 def indices_constant(labels):
     return {"daisy": 0, "roses": 1, "tulips": 2}
 
@@ -124,14 +129,37 @@ def indices_list(labels):
     return sorted(set(labels))
 
 
-@pytest.mark.parametrize("answer", [indices_sorted_set, indices_numpy, indices_pandas])
+def indices_all_zero(labels):
+    return dict.fromkeys(labels, 0)
+
+
+def indices_halves(labels):
+    return {name: index + 0.5 for index, name in enumerate(sorted(set(labels)))}
+
+
+@pytest.mark.parametrize("answer", [indices_sorted_set, indices_numpy, indices_pandas, indices_sorting_in_place])
 def test_1_2_right(answer):
     assert verdict("1.2", answer) == PASSED
 
 
-@pytest.mark.parametrize("answer", [indices_constant, indices_first_seen, indices_from_one, indices_list])
+@pytest.mark.parametrize(
+    "answer", [indices_constant, indices_first_seen, indices_from_one, indices_list, indices_all_zero, indices_halves]
+)
 def test_1_2_wrong(answer):
     assert verdict("1.2", answer) == "failed"
+
+
+@pytest.mark.parametrize(
+    ("answer", "hint"),
+    [
+        (indices_first_seen, "must not depend on the order the files were read in"),
+        (indices_all_zero, "then number them from 0"),
+        (indices_list, "return a dict from class name to a whole-number index"),
+    ],
+)
+def test_1_2_hint_names_the_mistake(answer, hint):
+    status, message = _run("1.2", answer)
+    assert status == "failed" and hint in message, message
 
 
 # --- 1.4 validation_count --------------------------------------------------------------------------------------

@@ -423,6 +423,34 @@ def test_a_declared_check_refuses_a_stub_and_blames_itself_for_its_own_bug():
     assert status == ERROR and message.startswith("the check itself failed (AttributeError"), message
 
 
+def _tail_check(exercise_id: str) -> FunctionCheck:
+    return FunctionCheck(
+        exercise_id,
+        answer="last",
+        fixed=[([3, 1, 2],), (list(range(20, 0, -1)),)],
+        reference=lambda values: values[-1],
+        hint="return the last item",
+        passed="last of {n} lists",
+    )
+
+
+def test_a_declared_check_shows_the_case_as_it_was_given_and_a_long_list_by_its_first_items():
+    def last_after_sorting(values):
+        values.sort()
+        return values[-1]
+
+    register("97.5")(_tail_check("97.5"))
+    assert checks._run("97.5", {"last": lambda values: values.pop()}) == (PASSED, "last of 2 lists")
+    assert checks._run("97.5", {"last": last_after_sorting}) == (
+        FAILED,
+        "last([3, 1, 2]) = 3, expected 2: return the last item",
+    )
+    assert checks._run("97.5", {"last": lambda values: values[-1] if len(values) < 5 else 0}) == (
+        FAILED,
+        "last([20, 19, 18, 17, 16, 15, ... (20 items)]) = 0, expected 1: return the last item",
+    )
+
+
 def _even_pair(case: tuple, got) -> str | None:
     """A judge: any pair of even numbers that sums to the case's number is right."""
     if not isinstance(got, tuple) or len(got) != 2:

@@ -21,6 +21,7 @@ the reference or the judge is the check's own (``check`` reports it as a bug of 
 
 from __future__ import annotations
 
+import copy
 import importlib
 import numbers
 import random
@@ -70,9 +71,14 @@ WHOLE = Returns("a whole number", is_whole, lambda got, expected: int(got) in _o
 NUMBER = Returns("a number", _is_number, lambda got, expected: close(got, expected))
 
 
+_SHOWN_ITEMS = 6
+
+
 def _shown(value: Any) -> str:
     """A case's argument or an expected result as the hint shows it: floats to 6 significant digits, a set of
-    right results as ``3 or 4``."""
+    right results as ``3 or 4``, a list of more than :data:`_SHOWN_ITEMS` items by its first ones and its length."""
+    if isinstance(value, list) and len(value) > _SHOWN_ITEMS:
+        return f"[{', '.join(map(_shown, value[:_SHOWN_ITEMS]))}, ... ({len(value)} items)]"
     if isinstance(value, (set, frozenset)):
         return " or ".join(_shown(item) for item in sorted(value))
     if isinstance(value, float):
@@ -197,9 +203,10 @@ class _Raised:
 
 
 def _result(fn: Callable[..., Any], case: tuple) -> Any:
-    """``fn(*case)``, or the error it raised as a :class:`_Raised` (a check's own verdicts pass through)."""
+    """``fn`` on a copy of ``case`` (an answer that changes its arguments changes neither the case the hint shows
+    nor the next call's), or the error it raised as a :class:`_Raised` (a check's own verdicts pass through)."""
     try:
-        return fn(*case)
+        return fn(*copy.deepcopy(case))
     except CheckFailed:
         raise
     except Exception as error:  # noqa: BLE001 - the learner's code may raise anything

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from urllib.parse import urlparse
 
 from helpers import lake, loaders
-from helpers.course.checks import CheckFailed, own_work, register, require_implemented, whole_number
-from helpers.course.checks.function_check import FunctionCheck
+from helpers.course.checks import CheckFailed, is_whole, own_work, register, require_implemented, whole_number
+from helpers.course.checks.function_check import FunctionCheck, Returns
 from helpers.workdir import work_path
 
 __all__ = [
@@ -116,41 +116,50 @@ def label_from_path(label_column) -> str:
     return "labels come from the class folder names"
 
 
-@register("1.2")
-def stable_label_indices(label_indices) -> str:
-    """``label_indices(labels)`` maps each distinct class name to its position among the sorted names.
+def _sorted_indices(labels: list[str]) -> dict[str, int]:
+    """The right mapping: each distinct name to its position among the sorted distinct names."""
+    return {name: index for index, name in enumerate(sorted(set(labels)))}
 
-    Args:
-        label_indices: the answer, run on lists of 2, 5 and 11 made-up class names, each in two shuffled orders.
 
-    Returns:
-        The success message ``check`` shows.
+def _labels(rng: random.Random) -> tuple[list[str]]:
+    """The labels of a made-up image folder read in some order: 2 to 11 classes, each seen at least once."""
+    names = _class_names(rng, rng.randint(2, 11))
+    labels = [rng.choice(names) for _ in range(2 * len(names))] + names
+    rng.shuffle(labels)
+    return (labels,)
 
-    Raises:
-        NotAttempted: ``label_indices`` is still a stub.
-        CheckFailed: the result is not a mapping, holds an index that is not a whole number, or is not
-            ``{name: position among the sorted names}``.
-        Exception: any other error from the answer or from using what it returned, unchanged (``check`` shows
-            it as a failure).
-    """
-    require_implemented(label_indices)
-    rng = random.Random(SEED)
-    for count in (2, 5, 11):
-        names = _class_names(rng, count)
-        labels = [rng.choice(names) for _ in range(4 * count)] + names
-        expected = {name: index for index, name in enumerate(names)}
-        for attempt in range(2):
-            rng.shuffle(labels)
-            got = label_indices(list(labels))
-            if not isinstance(got, Mapping):
-                raise CheckFailed(f"return a dict from class name to index, got {type(got).__name__}")
-            got = {name: whole_number(index, "label_indices") for name, index in got.items()}
-            if got != expected:
-                hint = "sort the distinct names, then number them from 0"
-                if attempt:
-                    hint = "the index must not depend on the order the files were read in: sort the names"
-                raise CheckFailed(f"label_indices of {count} classes gave {got}, expected {expected}: {hint}")
-    return "indices follow the sorted class names, so they are the same in every run"
+
+def _indices_hint(case: tuple[list[str]], got: object) -> str:
+    (labels,) = case
+    first_seen = {name: index for index, name in enumerate(dict.fromkeys(labels))}
+    if _whole_values(got) and {name: int(index) for name, index in got.items()} == first_seen:
+        return "the index must not depend on the order the files were read in: sort the names"
+    return "sort the distinct names, then number them from 0"
+
+
+def _whole_values(got: object) -> bool:
+    return isinstance(got, Mapping) and all(is_whole(index) for index in got.values())
+
+
+#: ``label_indices(labels)``: each distinct class name to its position among the sorted names, on the text's example,
+#: one class read last, and 10 drawn folders of 2 to 11 made-up classes read in a shuffled order
+stable_label_indices = register("1.2")(
+    FunctionCheck(
+        "1.2",
+        answer="label_indices",
+        fixed=[(["tulips", "daisy", "tulips"],), (["roses", "roses", "daisy", "roses"],)],
+        draw=_labels,
+        draws=10,
+        reference=_sorted_indices,
+        returns=Returns(
+            "a dict from class name to a whole-number index",
+            _whole_values,
+            lambda got, expected: {name: int(index) for name, index in got.items()} == expected,
+        ),
+        hint=_indices_hint,
+        passed="indices follow the sorted class names on {n} folders, so they are the same in every run",
+    )
+)
 
 
 def _right_counts(n: int, val_fraction: float) -> set[int]:
