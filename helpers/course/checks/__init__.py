@@ -56,6 +56,7 @@ __all__ = [
     "format_line",
     "is_stub",
     "is_whole",
+    "named_helpers",
     "own_work",
     "quiet_lightning",
     "register",
@@ -267,6 +268,25 @@ def _functions(targets: tuple[Any, ...]) -> Iterator[tuple[Any, str]]:
         if getattr(fn, "__code__", None) is None or fn.__closure__:
             continue
         yield fn, f"{fn.__module__}.{fn.__qualname__}"
+
+
+def named_helpers(*paths: str, imported_only: bool = False) -> list[Any]:
+    """The course helpers named ``"module:attribute"``, for :func:`own_work`.
+
+    Args:
+        paths: the helpers, as ``"helpers.loaders:stratified_split"``.
+        imported_only: only those whose modules are already imported (an answer that uses one has imported it by
+            then): a training process does not pay for imports such as Lightning's.
+
+    Returns:
+        The helpers, in the order given.
+    """
+    found = []
+    for path in paths:
+        module, name = path.split(":")
+        if not imported_only or module in sys.modules:
+            found.append(getattr(importlib.import_module(module), name))
+    return found
 
 
 @contextmanager

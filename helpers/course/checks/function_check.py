@@ -22,7 +22,6 @@ the reference or the judge is the check's own (``check`` reports it as a bug of 
 from __future__ import annotations
 
 import copy
-import importlib
 import numbers
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +32,7 @@ from helpers.course.checks import (
     CheckFailed,
     close,
     is_whole,
+    named_helpers,
     own_work,
     require,
     require_implemented,
@@ -86,15 +86,6 @@ def _shown(value: Any) -> str:
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return str(int(value))  # a numpy integer as the number it is
     return repr(value)
-
-
-def _helpers(paths: Sequence[str]) -> list[Any]:
-    """The course helpers named ``module:attribute``."""
-    found = []
-    for path in paths:
-        module, name = path.split(":")
-        found.append(getattr(importlib.import_module(module), name))
-    return found
 
 
 @dataclass(frozen=True)
@@ -163,7 +154,7 @@ class FunctionCheck:
         # before the tripwire: the reference may use the helpers
         right = [self.reference(*case) for case in cases] if self.reference else [None] * len(cases)
         results: list[Any] = []
-        with own_work(*_helpers(self.forbid)):
+        with own_work(*named_helpers(*self.forbid)):
             for case in cases:
                 results.append(_result(fn, case))
                 if isinstance(results[-1], _Raised):

@@ -28,6 +28,7 @@ from helpers.course.checks import (
     Delegated,
     NotAttempted,
     close,
+    named_helpers,
     own_work,
     register,
     require,
@@ -243,15 +244,7 @@ def _wait_for(pid: int, folder: Path) -> int:
         time.sleep(0.05)
 
 
-def _loaded(*paths: str) -> list[Any]:
-    """The helpers named ``module:attribute`` whose modules are already imported (an answer that uses one has
-    imported it by then), for ``own_work`` in a worker without paying for imports such as Lightning's."""
-    found = []
-    for path in paths:
-        module, name = path.split(":")
-        if module in sys.modules:
-            found.append(getattr(sys.modules[module], name))
-    return found
+_STRATEGY = "helpers.horovod_strategy:HorovodStrategy"  # the course's Horovod strategy: it wraps the optimizer too
 
 
 def _flat_weights(module) -> list[float]:
@@ -271,7 +264,9 @@ def _shard_job(my_shard_ids, converters) -> list[list[list[int]]]:
     """In each Horovod process: the answer's shard of each converter; rank 0 returns every rank's ids."""
     import horovod.torch as hvd
 
-    with own_work(*_loaded("helpers.datamodule:PetastormDataModule", "helpers.loaders:PetastormBatches")):
+    with own_work(
+        *named_helpers("helpers.datamodule:PetastormDataModule", "helpers.loaders:PetastormBatches", imported_only=True)
+    ):
         ids = [[int(i) for i in my_shard_ids(converter)] for converter in converters]
     hvd.init()
     return hvd.allgather_object(ids, name="the check gathering every rank's shard ids")
@@ -383,7 +378,7 @@ def _wrap_job(make_distributed, passes_cases: list[int]) -> list[dict[str, Any]]
         calls: dict[str, Any] = {}
         with (
             _Spy(hvd, ["broadcast_optimizer_state"], calls),
-            own_work(*_loaded("helpers.horovod_strategy:HorovodStrategy")),
+            own_work(*named_helpers(_STRATEGY, imported_only=True)),
         ):
             distributed = make_distributed(model, optimizer, passes)
         if distributed is None:
@@ -628,7 +623,9 @@ def _by_hand_job(pin_device, train_by_hand, settings: dict[str, Any]) -> dict[st
         calls: dict[str, Any] = {}
         with (
             _Spy(hvd, ["broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer"], calls),
-            own_work(device_for_local_rank, *_loaded("helpers.horovod_strategy:HorovodStrategy")),
+            own_work(
+                device_for_local_rank, *named_helpers("helpers.horovod_strategy:HorovodStrategy", imported_only=True)
+            ),
         ):
             train_by_hand(
                 network=network,
