@@ -451,6 +451,21 @@ def test_a_declared_check_shows_the_case_as_it_was_given_and_a_long_list_by_its_
     )
 
 
+def test_a_judge_sees_the_objects_the_answer_was_given():
+    def same_list(case: tuple, got) -> str | None:
+        return None if got is case[0] else "returned another list: return the one given"
+
+    check = FunctionCheck(
+        "97.6", answer="itself", fixed=[([1, 2],)], judge=same_list, hint="return it", passed="returned {n} lists"
+    )
+    register("97.6")(check)
+    assert checks._run("97.6", {"itself": lambda values: values}) == (PASSED, "returned 1 lists")
+    assert checks._run("97.6", {"itself": lambda values: list(values)}) == (
+        FAILED,
+        "itself([1, 2]) returned another list: return the one given",
+    )
+
+
 def _even_pair(case: tuple, got) -> str | None:
     """A judge: any pair of even numbers that sums to the case's number is right."""
     if not isinstance(got, tuple) or len(got) != 2:

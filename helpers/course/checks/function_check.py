@@ -103,7 +103,8 @@ class FunctionCheck:
             a set holds every right result where several are.
         judge: instead of ``reference``, a function of the case and the answer's result: None where the result is
             right, else what is wrong, worded to follow the call (``"returned a list: return a dict"``). It runs
-            after the answer, outside the tripwire.
+            after the answer, outside the tripwire, and is given the answer's own copy of the case (the objects
+            the answer was called with).
         draw: one more case from a ``random.Random``; ``draws`` of them follow the fixed cases.
         draws: how many cases ``draw`` adds.
         returns: what the answer must return, and how it is compared (:data:`WHOLE`, :data:`NUMBER`).
@@ -153,19 +154,22 @@ class FunctionCheck:
         cases = self.cases()
         # before the tripwire: the reference may use the helpers
         right = [self.reference(*case) for case in cases] if self.reference else [None] * len(cases)
+        # the answer gets (and the judge sees) a copy of each case: an answer that changes its arguments changes
+        # neither the case its hint shows nor the next call's
+        given = [copy.deepcopy(case) for case in cases]
         results: list[Any] = []
         with own_work(*named_helpers(*self.forbid)):
-            for case in cases:
-                results.append(_result(fn, case))
+            for args in given:
+                results.append(_result(fn, args))
                 if isinstance(results[-1], _Raised):
                     break
-        for case, expected, result in zip(cases, right, results):
-            self._judge(case, expected, result)
+        for case, args, expected, result in zip(cases, given, right, results):
+            self._judge(case, args, expected, result)
         return self.passed.format(n=len(cases))
 
-    def _judge(self, case: tuple, expected: Any, got: Any) -> None:
-        """Fail unless ``got``, what the answer did on ``case``, is right: ``expected`` (one of them, for a set), or
-        what the judge accepts."""
+    def _judge(self, case: tuple, args: tuple, expected: Any, got: Any) -> None:
+        """Fail unless ``got``, what the answer did with ``args`` (its copy of ``case``), is right: ``expected`` (one
+        of them, for a set), or what the judge accepts."""
         if isinstance(got, _Raised):
             wanted = f"; expected {_shown(expected)}" if self.judge is None else ""
             raise CheckFailed(
@@ -174,7 +178,7 @@ class FunctionCheck:
             ) from got.error
         returned(got, self.answer)
         if self.judge is not None:
-            problem = self.judge(case, got)
+            problem = self.judge(args, got)
             if problem:
                 raise CheckFailed(f"{self.call(case)} {problem}")
         elif not self.returns.is_kind(got):
@@ -193,11 +197,10 @@ class _Raised:
     error: Exception
 
 
-def _result(fn: Callable[..., Any], case: tuple) -> Any:
-    """``fn`` on a copy of ``case`` (an answer that changes its arguments changes neither the case the hint shows
-    nor the next call's), or the error it raised as a :class:`_Raised` (a check's own verdicts pass through)."""
+def _result(fn: Callable[..., Any], args: tuple) -> Any:
+    """``fn(*args)``, or the error it raised as a :class:`_Raised` (a check's own verdicts pass through)."""
     try:
-        return fn(*copy.deepcopy(case))
+        return fn(*args)
     except CheckFailed:
         raise
     except Exception as error:  # noqa: BLE001 - the learner's code may raise anything
