@@ -345,6 +345,18 @@ def callbacks_tuple(patience, min_delta, checkpoint_dir):
     return (save, EarlyStopping("val_loss", np.float64(min_delta), int(patience)), pl.callbacks.LearningRateMonitor())
 
 
+def callbacks_renamed(wait, delta, folder):
+    return [ModelCheckpoint(folder, monitor="val_loss", save_last=True), EarlyStopping("val_loss", delta, wait)]
+
+
+def callbacks_course_s_own(patience, min_delta, checkpoint_dir):
+    from helpers.phases import RankClock
+    from helpers.training import _Callbacks
+
+    made = _Callbacks.create(checkpoint_dir, {"patience": patience, "min_delta": min_delta}, False, RankClock())
+    return [made.stopper, made.checkpoint]
+
+
 def callbacks_hard_coded(patience, min_delta, checkpoint_dir):
     return callbacks_list(3, 0.01, checkpoint_dir)
 
@@ -367,7 +379,7 @@ def callbacks_fixed_folder(patience, min_delta, checkpoint_dir):
     return callbacks_list(patience, min_delta, "checkpoints")
 
 
-@pytest.mark.parametrize("answer", [callbacks_list, callbacks_tuple])
+@pytest.mark.parametrize("answer", [callbacks_list, callbacks_tuple, callbacks_renamed])
 def test_2_5_right(answer):
     assert verdict("2.5", answer) == "passed"
 
@@ -377,6 +389,11 @@ def test_2_5_right(answer):
 )
 def test_2_5_wrong(answer):
     assert verdict("2.5", answer) == "failed"
+
+
+def test_2_5_the_course_s_own_callbacks_are_not_an_answer():
+    status, message = _run("2.5", callbacks_course_s_own)
+    assert status == "failed" and "write it yourself" in message, message
 
 
 # --- 2.6 fit_tracked -------------------------------------------------------------------------------------------

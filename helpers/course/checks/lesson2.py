@@ -453,51 +453,47 @@ def datamodule_loaders(namespace) -> str:
     return "each device reads its own shard; validation covers every row once"
 
 
-@register("2.5")
-def callbacks(make_callbacks) -> str:
-    """``make_callbacks(patience, min_delta, checkpoint_dir)``: EarlyStopping and ModelCheckpoint on val_loss.
-
-    Args:
-        make_callbacks: the answer, called twice with seeded keyword arguments.
-
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``make_callbacks`` is still a stub.
-        CheckFailed: the result does not hold exactly one ``EarlyStopping`` and one ``ModelCheckpoint``; either
-            does not watch ``val_loss`` in mode ``min``; ``patience`` or ``min_delta`` is not passed through; the
-            checkpoint keeps no best or no ``last.ckpt``, or is not written to ``checkpoint_dir``.
-        Exception: any other error from the answer or from using what it returned, unchanged (``check`` shows
-            it as a failure).
-    """
+def _callbacks_problem(case: tuple[int, float, str], got: object) -> str | None:
+    """What is wrong with the callbacks ``make_callbacks(patience, min_delta, checkpoint_dir)`` returned, or None."""
     from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 
-    require_implemented(make_callbacks)
-    rng = random.Random(25)
-    for _ in range(2):
-        patience, min_delta = rng.randint(2, 15), round(rng.uniform(0.001, 0.1), 4)
-        folder = f"ckpts-{rng.randint(100, 999)}"
-        result = list(make_callbacks(patience=patience, min_delta=min_delta, checkpoint_dir=folder))
-        stops = [c for c in result if isinstance(c, EarlyStopping)]
-        saves = [c for c in result if isinstance(c, ModelCheckpoint)]
-        if len(stops) != 1 or len(saves) != 1:
-            raise CheckFailed("return a list with one EarlyStopping and one ModelCheckpoint")
-        stop, save = stops[0], saves[0]
-        if stop.monitor != "val_loss" or stop.mode != "min":
-            raise CheckFailed(f"EarlyStopping watches {stop.monitor!r} ({stop.mode}): watch 'val_loss', mode 'min'")
-        if stop.patience != patience or not close(abs(stop.min_delta), min_delta):
-            raise CheckFailed(
-                f"asked for patience={patience}, min_delta={min_delta}, got patience="
-                f"{stop.patience}, min_delta={abs(stop.min_delta)}: pass the arguments through"
-            )
-        if save.monitor != "val_loss" or save.mode != "min" or not save.save_last or save.save_top_k == 0:
-            raise CheckFailed(
-                "ModelCheckpoint should keep the best val_loss (mode 'min') and a last.ckpt (save_last=True)"
-            )
-        if save.dirpath is None or Path(save.dirpath).resolve() != Path(folder).resolve():
-            raise CheckFailed(f"checkpoints go to {save.dirpath!r}, not {folder!r}: pass dirpath=checkpoint_dir")
-    return "stop on a val_loss plateau, keep the best checkpoint and a last.ckpt"
+    patience, min_delta, folder = case
+    result = list(got) if isinstance(got, (list, tuple)) else []
+    stops = [c for c in result if isinstance(c, EarlyStopping)]
+    saves = [c for c in result if isinstance(c, ModelCheckpoint)]
+    if len(stops) != 1 or len(saves) != 1:
+        return f"returned {got!r}: return a list with one EarlyStopping and one ModelCheckpoint"
+    stop, save = stops[0], saves[0]
+    if stop.monitor != "val_loss" or stop.mode != "min":
+        return f"has EarlyStopping watching {stop.monitor!r} ({stop.mode}): watch 'val_loss', mode 'min'"
+    if stop.patience != patience or not close(abs(stop.min_delta), min_delta):
+        return (
+            f"has EarlyStopping(patience={stop.patience}, min_delta={abs(stop.min_delta)}): pass patience and "
+            "min_delta through"
+        )
+    if save.monitor != "val_loss" or save.mode != "min" or not save.save_last or save.save_top_k == 0:
+        return "has a ModelCheckpoint that should keep the best val_loss (mode 'min') and a last.ckpt (save_last=True)"
+    if save.dirpath is None or Path(save.dirpath).resolve() != Path(folder).resolve():
+        return f"writes checkpoints to {save.dirpath!r}, not {folder!r}: pass dirpath=checkpoint_dir"
+    return None
+
+
+#: ``make_callbacks(patience, min_delta, checkpoint_dir)``: EarlyStopping and ModelCheckpoint on val_loss, with the
+#: arguments passed through, on the lesson's settings and 3 drawn ones; the course's own callbacks
+#: (``helpers.training._Callbacks``) would do it for the answer
+callbacks = register("2.5")(
+    FunctionCheck(
+        "2.5",
+        answer="make_callbacks",
+        fixed=[(3, 0.01, "checkpoints")],
+        draw=lambda rng: (rng.randint(2, 15), round(rng.uniform(0.001, 0.1), 4), f"ckpts-{rng.randint(100, 999)}"),
+        draws=3,
+        judge=_callbacks_problem,
+        forbid=("helpers.training:_Callbacks",),
+        hint="return [EarlyStopping(...), ModelCheckpoint(...)] built from the arguments",
+        passed="stop on a val_loss plateau, keep the best checkpoint and a last.ckpt ({n} settings)",
+    )
+)
 
 
 def _runs(client) -> dict[str, object]:
