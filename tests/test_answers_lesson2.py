@@ -97,6 +97,11 @@ def optimizer_hard_coded(model, learning_rate, momentum):
     return torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.03, momentum=0.8)
 
 
+def optimizer_head_only(model, learning_rate, momentum):
+    network = getattr(model, "network", model)
+    return torch.optim.SGD(network.classifier.parameters(), lr=learning_rate, momentum=momentum)
+
+
 def optimizer_adam(model, learning_rate, momentum):
     return torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=learning_rate)
 
@@ -112,10 +117,25 @@ def test_2_2_right(answer):
 
 
 @pytest.mark.parametrize(
-    "answer", [optimizer_every_parameter, optimizer_hard_coded, optimizer_adam, optimizer_delegating]
+    "answer",
+    [optimizer_every_parameter, optimizer_hard_coded, optimizer_head_only, optimizer_adam, optimizer_delegating],
 )
 def test_2_2_wrong(answer):
     assert verdict("2.2", answer) == "failed"
+
+
+def _frozen_part(network) -> str:
+    frozen = [name for name, parameter in network.named_parameters() if not parameter.requires_grad]
+    if not frozen:
+        return "nothing"
+    return "head" if all(name.startswith("classifier.") for name in frozen) else "backbone"
+
+
+def test_2_2_meets_every_kind_of_frozen_network():
+    from helpers.course.checks.lesson2 import optimizer
+
+    met = {(isinstance(network, pl.LightningModule), _frozen_part(network)) for network, _, _ in optimizer.cases()}
+    assert met == {(False, "nothing"), (False, "head"), (False, "backbone"), (True, "backbone")}, met
 
 
 # --- 2.3 MyModel's steps ---------------------------------------------------------------------------------------

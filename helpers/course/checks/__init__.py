@@ -24,6 +24,7 @@ output that also carries a machine-readable record under :data:`MIMETYPE` for th
 from __future__ import annotations
 
 import dis
+import functools
 import importlib
 import json
 import logging
@@ -274,7 +275,7 @@ def named_helpers(*paths: str, imported_only: bool = False) -> list[Any]:
     """The course helpers named ``"module:attribute"``, for :func:`own_work`.
 
     Args:
-        paths: the helpers, as ``"helpers.loaders:stratified_split"``.
+        paths: the helpers, as ``"helpers.loaders:stratified_split"`` (a method as ``"module:Class.method"``).
         imported_only: only those whose modules are already imported (an answer that uses one has imported it by
             then): a training process does not pay for imports such as Lightning's.
 
@@ -285,7 +286,7 @@ def named_helpers(*paths: str, imported_only: bool = False) -> list[Any]:
     for path in paths:
         module, name = path.split(":")
         if not imported_only or module in sys.modules:
-            found.append(getattr(importlib.import_module(module), name))
+            found.append(functools.reduce(getattr, name.split("."), importlib.import_module(module)))
     return found
 
 

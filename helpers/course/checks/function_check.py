@@ -72,11 +72,13 @@ NUMBER = Returns("a number", _is_number, lambda got, expected: close(got, expect
 
 
 _SHOWN_ITEMS = 6
+_SHOWN_CHARS = 80  # an argument whose repr is longer, or spans lines (a network), shows as <its type>
 
 
 def _shown(value: Any) -> str:
     """A case's argument or an expected result as the hint shows it: floats to 6 significant digits, a set of
-    right results as ``3 or 4``, a list of more than :data:`_SHOWN_ITEMS` items by its first ones and its length."""
+    right results as ``3 or 4``, a list of more than :data:`_SHOWN_ITEMS` items by its first ones and its length, an
+    object with a long repr by its type."""
     if isinstance(value, list) and len(value) > _SHOWN_ITEMS:
         return f"[{', '.join(map(_shown, value[:_SHOWN_ITEMS]))}, ... ({len(value)} items)]"
     if isinstance(value, (set, frozenset)):
@@ -85,7 +87,8 @@ def _shown(value: Any) -> str:
         return f"{value:.6g}"
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return str(int(value))  # a numpy integer as the number it is
-    return repr(value)
+    text = repr(value)
+    return f"<{type(value).__name__}>" if "\n" in text or len(text) > _SHOWN_CHARS else text
 
 
 @dataclass(frozen=True)

@@ -228,57 +228,53 @@ epoch_steps_rule = register("2.1")(
 )
 
 
-def _optimizer_cases() -> Iterator[tuple[torch.nn.Module, float, float]]:
-    """Networks with different frozen parts, and the learning rate and momentum to ask for."""
+_FROZEN_PARTS = ("backbone", "nothing", "head", "lightning")  # what 2.2's networks freeze (lightning: its backbone)
+
+
+def _optimizer_case(rng: random.Random) -> tuple[torch.nn.Module, float, float]:
+    """A network with one of :data:`_FROZEN_PARTS` frozen, and the learning rate and momentum to ask for."""
     from helpers.model import LitClassificationModel, make_network
 
-    rng = random.Random(22)
-    frozen_backbone = make_network(rng.randint(3, 9), freeze_backbone=True)
-    all_trainable = make_network(rng.randint(3, 9))
-    frozen_head = make_network(rng.randint(3, 9))
-    frozen_head.classifier.requires_grad_(False)
-    lightning = LitClassificationModel(rng.randint(3, 9), freeze_backbone=True)
-    for network in (frozen_backbone, all_trainable, frozen_head, lightning):
-        yield network, round(rng.uniform(1e-4, 0.5), 5), round(rng.uniform(0.5, 0.99), 3)
+    frozen, classes = rng.choice(_FROZEN_PARTS), rng.randint(3, 9)
+    if frozen == "lightning":
+        network = LitClassificationModel(classes, freeze_backbone=True)
+    else:
+        network = make_network(classes, freeze_backbone=frozen == "backbone")
+        if frozen == "head":
+            network.classifier.requires_grad_(False)
+    return network, round(rng.uniform(1e-4, 0.5), 5), round(rng.uniform(0.5, 0.99), 3)
 
 
-@register("2.2")
-def optimizer(make_optimizer) -> str:
-    """``make_optimizer(model, learning_rate, momentum)``: SGD over the trainable parameters.
+def _optimizer_problem(case: tuple[torch.nn.Module, float, float], got: object) -> str | None:
+    """What is wrong with the optimizer ``make_optimizer(model, learning_rate, momentum)`` returned, or None."""
+    network, learning_rate, momentum = case
+    if not isinstance(got, torch.optim.SGD):
+        return f"returned {type(got).__name__}: return torch.optim.SGD(...)"
+    for group in got.param_groups:
+        if not close(group["lr"], learning_rate) or not close(group["momentum"], momentum):
+            return f"has lr={group['lr']}, momentum={group['momentum']}: pass learning_rate and momentum through"
+    optimised = {id(p) for g in got.param_groups for p in g["params"]}
+    if optimised != {id(p) for p in network.parameters() if p.requires_grad}:
+        return "does not optimise exactly the parameters that require gradients (frozen ones stay out)"
+    return None
 
-    Args:
-        make_optimizer: the answer, run on four networks with different frozen parts, at seeded learning rates
-            and momenta.
 
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``make_optimizer`` is still a stub.
-        CheckFailed: the result is not a ``torch.optim.SGD``; a parameter group's ``lr`` or ``momentum`` is not
-            the one asked for; it does not optimise exactly the parameters that require gradients.
-        Delegated: the answer calls ``LitClassificationModel.configure_optimizers``.
-        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
-    """
-    from helpers.model import LitClassificationModel
-
-    require_implemented(make_optimizer)
-    for network, learning_rate, momentum in _optimizer_cases():
-        with own_work(LitClassificationModel.configure_optimizers):
-            result = make_optimizer(network, learning_rate, momentum)
-        if not isinstance(result, torch.optim.SGD):
-            raise CheckFailed(f"got {type(result).__name__}: return torch.optim.SGD(...)")
-        for group in result.param_groups:
-            if not close(group["lr"], learning_rate) or not close(group["momentum"], momentum):
-                raise CheckFailed(
-                    f"asked for lr={learning_rate}, momentum={momentum}, got lr={group['lr']}, "
-                    f"momentum={group['momentum']}: pass learning_rate and momentum through"
-                )
-        optimised = {id(p) for g in result.param_groups for p in g["params"]}
-        trainable = {id(p) for p in network.parameters() if p.requires_grad}
-        if optimised != trainable:
-            raise CheckFailed("optimise exactly the parameters that require gradients (frozen ones stay out)")
-    return "SGD with momentum over the trainable parameters"
+#: ``make_optimizer(model, learning_rate, momentum)``: SGD with momentum over the trainable parameters, on 6 drawn
+#: networks (frozen backbone, nothing frozen, frozen head, a LightningModule); the LightningModule's own
+#: ``configure_optimizers`` would do it for the answer
+optimizer = register("2.2")(
+    FunctionCheck(
+        "2.2",
+        answer="make_optimizer",
+        fixed=[],
+        draw=_optimizer_case,
+        draws=6,  # every kind of _FROZEN_PARTS among them (tests/test_answers_lesson2.py)
+        judge=_optimizer_problem,
+        forbid=("helpers.model:LitClassificationModel.configure_optimizers",),
+        hint="return torch.optim.SGD over the parameters that require gradients",
+        passed="SGD with momentum over the trainable parameters ({n} networks)",
+    )
+)
 
 
 def _expected_validation(model, batches: list[dict[str, torch.Tensor]]) -> tuple[float, float]:
