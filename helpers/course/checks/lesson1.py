@@ -132,13 +132,18 @@ def _labels(rng: random.Random) -> tuple[list[str]]:
 def _indices_hint(case: tuple[list[str]], got: object) -> str:
     (labels,) = case
     first_seen = {name: index for index, name in enumerate(dict.fromkeys(labels))}
-    if _whole_values(got) and {name: int(index) for name, index in got.items()} == first_seen:
+    if _whole_values(got) and _as_ints(got) == first_seen:
         return "the index must not depend on the order the files were read in: sort the names"
     return "sort the distinct names, then number them from 0"
 
 
 def _whole_values(got: object) -> bool:
     return isinstance(got, Mapping) and all(is_whole(index) for index in got.values())
+
+
+def _as_ints(got: Mapping) -> dict:
+    """A mapping of whole-number indices (numpy integers, 2.0) as plain ints, to compare with a reference."""
+    return {name: int(index) for name, index in got.items()}
 
 
 #: ``label_indices(labels)``: each distinct class name to its position among the sorted names, on the text's example,
@@ -154,7 +159,7 @@ stable_label_indices = register("1.2")(
         returns=Returns(
             "a dict from class name to a whole-number index",
             _whole_values,
-            lambda got, expected: {name: int(index) for name, index in got.items()} == expected,
+            lambda got, expected: _as_ints(got) == expected,
         ),
         hint=_indices_hint,
         passed="indices follow the sorted class names on {n} folders, so they are the same in every run",
