@@ -18,7 +18,7 @@ import yaml
 
 from helpers.analysis import FIXED_STEPS, ONE_PASS, TAG, plan_sweep, record_run, runs_table, speedup_table, stop_reason
 from helpers.course.checks import _run
-from helpers.course.checks.lesson5 import _STOP_CASES, acceptable_reasons, plan_cases, stop_cases
+from helpers.course.checks.lesson5 import acceptable_reasons, plan_cases, why_runs_stopped
 from helpers.loaders import steps_per_epoch
 from helpers.workdir import REPO_ROOT
 
@@ -378,11 +378,30 @@ def test_5_4_wrong(namespace, answer):
 
 
 def test_5_4_cases_are_off_the_boundaries_and_cover_every_reason():
-    cases = [(losses, d, p, t, m, r) for losses, d, p, t, m, r, _ in _STOP_CASES] + stop_cases()
-    for losses, delta, patience, threshold, max_epochs, reason in cases:
-        assert acceptable_reasons(losses, delta, patience, threshold, max_epochs) == {reason}
-    assert {case[-1] for case in stop_cases()} == {"stopping_threshold", "patience", "max_epochs"}
-    assert stop_cases() == stop_cases()  # the same cases, so the same verdict, on every run
+    cases = why_runs_stopped.cases()
+    reasons = [acceptable_reasons(*case) for case in cases]
+    assert all(len(accepted) == 1 for accepted in reasons)
+    assert set().union(*reasons[len(why_runs_stopped.fixed) :]) == {"stopping_threshold", "patience", "max_epochs"}
+    assert why_runs_stopped.cases() == cases  # the same cases, so the same verdict, on every run
+
+
+def test_5_4_the_hint_shows_the_whole_history_and_why():
+    status, message = verdict({}, "5.4", "why_stopped", w_threshold_last)
+    assert (status, message) == (
+        "failed",
+        "why_stopped(val_losses=[0.9, 0.505, 0.498], min_delta=0.01, patience=1, stopping_threshold=0.5, "
+        "max_epochs=10) = 'patience', expected 'stopping_threshold': 0.498 is no improvement on 0.505 by min_delta, "
+        "but it is below the threshold, which is checked first",
+    )
+
+
+def test_5_4_the_reason_lightning_logged_for_a_boundary_run_is_right_too(namespace):
+    def says_patience_on_the_boundary(val_losses, min_delta, patience, stopping_threshold, max_epochs):
+        return "patience" if val_losses[2:3] == [0.49] else w_solution(val_losses, min_delta, patience,
+                                                                        stopping_threshold, max_epochs)  # fmt: skip
+
+    status, message = verdict(namespace, "5.4", "why_stopped", says_patience_on_the_boundary)
+    assert status == "passed", message
 
 
 # --- 5.6 rows per epoch -----------------------------------------------------------------------------------------

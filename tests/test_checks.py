@@ -27,7 +27,7 @@ from helpers.course.checks import (
     require,
     require_implemented,
 )
-from helpers.course.checks.function_check import FunctionCheck
+from helpers.course.checks.function_check import Case, FunctionCheck
 
 
 @pytest.fixture(autouse=True)
@@ -370,7 +370,7 @@ def _halved(n: int) -> set[int]:
     return {n // 2, -(-n // 2)}
 
 
-def _halves_check(exercise_id: str, reference=_halved) -> FunctionCheck:
+def _halves_check(exercise_id: str, reference=_halved, **more) -> FunctionCheck:
     return FunctionCheck(
         exercise_id,
         answer="half",
@@ -381,6 +381,7 @@ def _halves_check(exercise_id: str, reference=_halved) -> FunctionCheck:
         forbid=("helpers.loaders:steps_per_epoch",),
         hint=lambda case, got: f"split the {case[0]} in two",
         passed="halved {n} numbers",
+        **more,
     )
 
 
@@ -427,7 +428,7 @@ def _tail_check(exercise_id: str) -> FunctionCheck:
     return FunctionCheck(
         exercise_id,
         answer="last",
-        fixed=[([3, 1, 2],), (list(range(20, 0, -1)),)],
+        fixed=[([3, 1, 2],), (list(range(20, 0, -1)),), (list(range(60, 0, -1)),)],
         reference=lambda values: values[-1],
         hint="return the last item",
         passed="last of {n} lists",
@@ -440,14 +441,41 @@ def test_a_declared_check_shows_the_case_as_it_was_given_and_a_long_list_by_its_
         return values[-1]
 
     register("97.5")(_tail_check("97.5"))
-    assert checks._run("97.5", {"last": lambda values: values.pop()}) == (PASSED, "last of 2 lists")
+    assert checks._run("97.5", {"last": lambda values: values.pop()}) == (PASSED, "last of 3 lists")
     assert checks._run("97.5", {"last": last_after_sorting}) == (
         FAILED,
         "last([3, 1, 2]) = 3, expected 2: return the last item",
     )
     assert checks._run("97.5", {"last": lambda values: values[-1] if len(values) < 5 else 0}) == (
         FAILED,
-        "last([20, 19, 18, 17, 16, 15, ... (20 items)]) = 0, expected 1: return the last item",
+        f"last({list(range(20, 0, -1))}) = 0, expected 1: return the last item",  # short enough to show whole
+    )
+    assert checks._run("97.5", {"last": lambda values: values[-1] if len(values) < 50 else 0}) == (
+        FAILED,
+        "last([60, 59, 58, 57, 56, 55, ... (60 items)]) = 0, expected 1: return the last item",
+    )
+
+
+def _runs_in(namespace) -> list[Case]:
+    """The namespace's own cases: each run's number, with its right result and why where it brought one."""
+    return [Case((n,), expected, f"run {n} says so" if expected else "") for n, expected in namespace.get("runs", [])]
+
+
+def test_a_declared_check_meets_the_namespace_s_own_cases_last_with_their_own_result_and_why():
+    register("97.9")(_halves_check("97.9", from_namespace=_runs_in, passed_namespace=" and {m} runs"))
+    floor = lambda n: n // 2  # noqa: E731
+    assert checks._run("97.9", {"half": floor}) == (PASSED, "halved 7 numbers")
+    assert checks._run("97.9", {"half": floor, "runs": [(8, None), (9, {4, 7})]}) == (
+        PASSED,
+        "halved 7 numbers and 2 runs",
+    )
+    assert checks._run("97.9", {"half": floor, "runs": [(9, {7})]}) == (
+        FAILED,
+        "half(9) = 4, expected 7: run 9 says so",  # its own result, instead of the reference's 4 or 5
+    )
+    assert checks._run("97.9", {"half": lambda n: 0 if n == 8 else n // 2, "runs": [(8, None)]}) == (
+        FAILED,
+        "half(8) = 0, expected 4: split the 8 in two",  # the reference's result and the check's hint
     )
 
 

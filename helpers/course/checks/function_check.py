@@ -39,7 +39,7 @@ from helpers.course.checks import (
     returned,
 )
 
-__all__ = ["NUMBER", "WHOLE", "FunctionCheck", "Returns"]
+__all__ = ["NUMBER", "WHOLE", "Case", "FunctionCheck", "Returns"]
 
 
 @dataclass(frozen=True)
@@ -71,15 +71,19 @@ WHOLE = Returns("a whole number", is_whole, lambda got, expected: int(got) in _o
 NUMBER = Returns("a number", _is_number, lambda got, expected: close(got, expected))
 
 
-_SHOWN_ITEMS = 6
+_SHOWN_ITEMS = 6  # a list whose text is longer than _SHOWN_LIST_CHARS shows as its first _SHOWN_ITEMS items
+_SHOWN_LIST_CHARS = 200  # a loss history of 20 epochs still shows whole
 _SHOWN_CHARS = 80  # an argument whose repr is longer, or spans lines (a network), shows as <its type>
 
 
 def _shown(value: Any) -> str:
     """A case's argument or an expected result as the hint shows it: floats to 6 significant digits, a set of
-    right results as ``3 or 4``, a list of more than :data:`_SHOWN_ITEMS` items by its first ones and its length, an
-    object with a long repr by its type."""
-    if isinstance(value, list) and len(value) > _SHOWN_ITEMS:
+    right results as ``3 or 4``, a list longer than :data:`_SHOWN_LIST_CHARS` characters by its first items and its
+    length, an object with a long repr by its type."""
+    if isinstance(value, list):
+        whole = f"[{', '.join(map(_shown, value))}]"
+        if len(whole) <= _SHOWN_LIST_CHARS:
+            return whole
         return f"[{', '.join(map(_shown, value[:_SHOWN_ITEMS]))}, ... ({len(value)} items)]"
     if isinstance(value, (set, frozenset)):
         return " or ".join(_shown(item) for item in sorted(value))
@@ -89,6 +93,17 @@ def _shown(value: Any) -> str:
         return str(int(value))  # a numpy integer as the number it is
     text = repr(value)
     return f"<{type(value).__name__}>" if "\n" in text or len(text) > _SHOWN_CHARS else text
+
+
+@dataclass(frozen=True)
+class Case:
+    """A case the notebook's own objects give (a run of the lesson), with what only it knows: its right result,
+    instead of the reference's (``expected``, a set where several are right; None: the reference's), and what to say
+    when the answer misses it (``why``, instead of the check's hint)."""
+
+    args: tuple
+    expected: Any = None
+    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -113,6 +128,9 @@ class FunctionCheck:
         returns: what the answer must return, and how it is compared (:data:`WHOLE`, :data:`NUMBER`).
         forbid: the course helpers, as ``"module:name"``, that do the exercise: calling one fails the answer.
         keywords: show the call with its parameter names (``f(a=1, b=2)``) rather than positionally.
+        from_namespace: the cases the notebook's namespace gives (:class:`Case`, e.g. the lesson's runs), met after
+            the others where the check is given the namespace; none where it finds none.
+        passed_namespace: appended to ``passed`` where there were such cases; ``{m}`` is their number.
     """
 
     exercise_id: str
@@ -127,6 +145,8 @@ class FunctionCheck:
     returns: Returns = WHOLE
     forbid: Sequence[str] = ()
     keywords: bool = False
+    from_namespace: Callable[[Mapping[str, Any]], list[Case]] | None = None
+    passed_namespace: str = ""
 
     def cases(self) -> list[tuple]:
         """The fixed cases, then ``draws`` drawn ones from a generator seeded with the exercise id."""
@@ -154,9 +174,12 @@ class FunctionCheck:
     def __call__(self, answer: Any) -> str:
         fn = require(answer, self.answer) if isinstance(answer, Mapping) else answer
         require_implemented(fn)
-        cases = self.cases()
+        own = self.from_namespace(answer) if self.from_namespace and isinstance(answer, Mapping) else []
+        cases = self.cases() + [case.args for case in own]
         # before the tripwire: the reference may use the helpers
-        right = [self.reference(*case) for case in cases] if self.reference else [None] * len(cases)
+        right = [self._expected(case, None) for case in cases[: len(cases) - len(own)]]
+        right += [self._expected(case.args, case.expected) for case in own]
+        whys = [""] * (len(cases) - len(own)) + [case.why for case in own]
         # the answer gets (and the judge sees) a copy of each case: an answer that changes its arguments changes
         # neither the case its hint shows nor the next call's
         given = [copy.deepcopy(case) for case in cases]
@@ -166,18 +189,26 @@ class FunctionCheck:
                 results.append(_result(fn, args))
                 if isinstance(results[-1], _Raised):
                     break
-        for case, args, expected, result in zip(cases, given, right, results):
-            self._judge(case, args, expected, result)
-        return self.passed.format(n=len(cases))
+        for case, args, expected, why, result in zip(cases, given, right, whys, results):
+            self._judge(case, args, expected, result, why)
+        message = self.passed.format(n=len(cases) - len(own))
+        return message + (self.passed_namespace.format(m=len(own)) if own else "")
 
-    def _judge(self, case: tuple, args: tuple, expected: Any, got: Any) -> None:
+    def _expected(self, case: tuple, known: Any) -> Any:
+        """The right result of ``case``: ``known`` where the case brought it, else the reference's; None for a
+        judged check."""
+        if self.reference is None:
+            return None
+        return self.reference(*case) if known is None else known
+
+    def _judge(self, case: tuple, args: tuple, expected: Any, got: Any, why: str = "") -> None:
         """Fail unless ``got``, what the answer did with ``args`` (its copy of ``case``), is right: ``expected`` (one
-        of them, for a set), or what the judge accepts."""
+        of them, for a set), or what the judge accepts; ``why`` replaces the hint where the case brought one."""
         if isinstance(got, _Raised):
             wanted = f"; expected {_shown(expected)}" if self.judge is None else ""
             raise CheckFailed(
                 f"{self.call(case)} raised {type(got.error).__name__}: {got.error}{wanted}: "
-                f"{self._hint(case, got.error)}"
+                f"{why or self._hint(case, got.error)}"
             ) from got.error
         returned(got, self.answer)
         if self.judge is not None:
@@ -187,7 +218,9 @@ class FunctionCheck:
         elif not self.returns.is_kind(got):
             raise CheckFailed(f"{self.call(case)} returned {got!r}: return {self.returns.kind}")
         elif not self.returns.matches(got, expected):
-            raise CheckFailed(f"{self.call(case)} = {got!r}, expected {_shown(expected)}: {self._hint(case, got)}")
+            raise CheckFailed(
+                f"{self.call(case)} = {got!r}, expected {_shown(expected)}: {why or self._hint(case, got)}"
+            )
 
     def _hint(self, case: tuple, got: Any) -> str:
         return self.hint if isinstance(self.hint, str) else self.hint(case, got)

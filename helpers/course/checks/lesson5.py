@@ -25,7 +25,7 @@ from helpers.course.checks import (
     returned,
     whole_number,
 )
-from helpers.course.checks.function_check import FunctionCheck
+from helpers.course.checks.function_check import Case, FunctionCheck, Returns
 
 __all__ = [
     "acceptable_reasons",
@@ -37,7 +37,6 @@ __all__ = [
     "serial_fraction_measured",
     "speedup_and_efficiency",
     "speedup_cases",
-    "stop_cases",
     "sweep_is_like_for_like",
     "why_runs_stopped",
 ]
@@ -274,15 +273,15 @@ def _replay(losses, delta, patience, threshold, max_epochs) -> tuple[str, int]:
     return stop_reason(losses, delta, patience, threshold, max_epochs)
 
 
-def acceptable_reasons(losses, delta, patience, threshold, max_epochs) -> set[str]:
+def acceptable_reasons(val_losses, min_delta, patience, stopping_threshold, max_epochs) -> set[str]:
     """Every reason Lightning's rules give when ``min_delta`` and the threshold move by a rounding error: more
     than one when a loss sits on a boundary, where either side is right.
 
     Args:
-        losses: the run's ``val_loss`` after each epoch.
-        delta: EarlyStopping's ``min_delta``.
+        val_losses: the run's ``val_loss`` after each epoch.
+        min_delta: EarlyStopping's ``min_delta``.
         patience: EarlyStopping's ``patience``.
-        threshold: EarlyStopping's ``stopping_threshold``, or None.
+        stopping_threshold: EarlyStopping's ``stopping_threshold``, or None.
         max_epochs: the run's epoch limit.
 
     Returns:
@@ -292,11 +291,22 @@ def acceptable_reasons(losses, delta, patience, threshold, max_epochs) -> set[st
     Raises:
         CourseInputError: ``patience`` is not a whole number of at least 0.
     """
-    thresholds = [None] if threshold is None else [threshold - _EPS, threshold, threshold + _EPS]
-    return {_replay(losses, delta + d, patience, t, max_epochs)[0] for d in (-_EPS, 0.0, _EPS) for t in thresholds}
+    thresholds = (
+        [None]
+        if stopping_threshold is None
+        else [stopping_threshold - _EPS, stopping_threshold, stopping_threshold + _EPS]
+    )
+    return {
+        _replay(val_losses, min_delta + d, patience, t, max_epochs)[0] for d in (-_EPS, 0.0, _EPS) for t in thresholds
+    }
 
 
 _REASONS = ("stopping_threshold", "patience", "max_epochs")  # what why_stopped returns
+REASON = Returns(
+    "one of 'stopping_threshold', 'patience', 'max_epochs'",
+    lambda value: isinstance(value, str),
+    lambda got, expected: got in expected,
+)
 
 # (val_losses, min_delta, patience, stopping_threshold, max_epochs, reason, why): the rules one at a time
 _STOP_CASES = [
@@ -376,20 +386,10 @@ _STOP_CASES = [
 ]
 
 
-def stop_cases(seed: int = 53, count: int = 40) -> list[tuple[list[float], float, int, float | None, int, str]]:
-    """Made-up histories, each cut where Lightning would have stopped it, with no loss near a rule's boundary.
-
-    Args:
-        seed: the seed of the generator; the same seed gives the same cases.
-        count: how many cases.
-
-    Returns:
-        ``count`` tuples ``(val_losses, min_delta, patience, stopping_threshold, max_epochs, reason)``, where
-        ``reason`` is the only one :func:`acceptable_reasons` gives.
-    """
-    rng = random.Random(seed)
-    cases = []
-    while len(cases) < count:
+def _draw_history(rng: random.Random) -> tuple[list[float], float, int, float | None, int]:
+    """A made-up history, cut where Lightning would have stopped it, with no loss near a rule's boundary (the only
+    reason :func:`acceptable_reasons` gives is the one :func:`helpers.analysis.stop_reason` gives)."""
+    while True:
         max_epochs, patience = rng.randint(2, 14), rng.randint(1, 4)
         delta = rng.choice([0.0, 0.005, 0.01, 0.02, 0.05])
         threshold = None if rng.random() < 0.4 else round(rng.uniform(0.05, 0.5), 3)
@@ -399,12 +399,18 @@ def stop_cases(seed: int = 53, count: int = 40) -> list[tuple[list[float], float
         reason, epoch = _replay(losses, delta, patience, threshold, max_epochs)
         losses = losses[: epoch + 1]
         if acceptable_reasons(losses, delta, patience, threshold, max_epochs) == {reason}:
-            cases.append((losses, delta, patience, threshold, max_epochs, reason))
-    return cases
+            return losses, delta, patience, threshold, max_epochs
 
 
-def _why(losses, delta, patience, threshold, max_epochs, reason) -> str:
-    """A one-line explanation of a made-up case's answer."""
+_WHY = {repr(case[:5]): case[6] for case in _STOP_CASES}  # the fixed cases' own explanations
+
+
+def _stop_hint(case: tuple, got: Any) -> str:
+    """A one-line explanation of a made-up case's answer: the fixed case's own, else the rule that fired."""
+    if repr(case) in _WHY:
+        return _WHY[repr(case)]
+    losses, _, patience, threshold, _ = case
+    reason = _replay(*case)[0]
     if reason == "stopping_threshold":
         return f"val_loss {losses[-1]:.4f} < stopping_threshold {threshold}"
     if reason == "patience":
@@ -412,61 +418,47 @@ def _why(losses, delta, patience, threshold, max_epochs, reason) -> str:
     return "no rule fired before max_epochs"
 
 
-@register("5.4")
-def why_runs_stopped(namespace) -> str:
-    """``why_stopped(val_losses, min_delta, patience, stopping_threshold, max_epochs)``: Lightning's rules.
+def _lessons_runs(namespace: Mapping[str, Any]) -> list[Case]:
+    """The lesson's runs in ``table`` (their ``val_loss`` histories read from MLflow), each with the reason
+    Lightning logged accepted too; none where the namespace has no table."""
+    from helpers.analysis import val_loss_histories
 
-    Args:
-        namespace: the notebook's ``globals()``, holding ``why_stopped``, and ``table`` (the lesson's runs) if
-            it has one; the answer runs on fixed cases, :func:`stop_cases`, and the table's runs (their
-            ``val_loss`` histories read from MLflow), which accept the reason Lightning logged too.
-
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``why_stopped`` is not defined, is a stub, or returns None.
-        CheckFailed: a result is not one of the reasons accepted for its case.
-        Delegated: the answer calls ``helpers.analysis.stop_reason`` or ``stop_reasons``.
-        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
-    """
-    from helpers.analysis import stop_reason, stop_reasons, val_loss_histories
-
-    why_stopped = require(namespace, "why_stopped")
-    require_implemented(why_stopped)
-    cases = [(losses, d, p, t, m, {r}, why) for losses, d, p, t, m, r, why in _STOP_CASES]
-    cases += [(losses, d, p, t, m, {r}, _why(losses, d, p, t, m, r)) for losses, d, p, t, m, r in stop_cases()]
-    made_up = len(cases)
     table = namespace.get("table")
-    if isinstance(table, pd.DataFrame) and not table.empty:
-        histories = val_loss_histories(table, _uri(namespace))
-        for row in table.itertuples():
-            if row.logged_stop_reason not in _REASONS:  # e.g. a NaN loss: not a rule this exercise asks for
-                continue
-            losses = histories[row.run_id]
-            threshold = None if math.isnan(row.stopping_threshold) else float(row.stopping_threshold)
-            settings = (float(row.min_delta), int(row.patience), threshold, int(row.max_epochs))
-            accepted = {row.logged_stop_reason} | acceptable_reasons(losses, *settings) - {"unknown"}
-            cases.append(
-                (
-                    losses,
-                    *settings,
-                    accepted,
-                    f"Lightning reported {row.logged_stop_reason!r} for run {row.run_id} ({row.devices} "
-                    f"devices, {row.epoch_mode})",
-                )
-            )
-    with own_work(stop_reason, stop_reasons):
-        for losses, delta, patience, threshold, max_epochs, accepted, why in cases:
-            got = returned(why_stopped(list(losses), delta, patience, threshold, max_epochs), "why_stopped")
-            if got not in accepted:
-                raise CheckFailed(
-                    f"why_stopped({[round(v, 4) for v in losses]}, min_delta={delta}, "
-                    f"patience={patience}, stopping_threshold={threshold}, max_epochs={max_epochs}) = "
-                    f"{got!r}, expected {' or '.join(map(repr, sorted(accepted)))}: {why}"
-                )
-    real = len(cases) - made_up
-    return f"right on {made_up} made-up histories" + (f" and on the lesson's {real} runs" if real else "")
+    if not isinstance(table, pd.DataFrame) or table.empty:
+        return []
+    histories = val_loss_histories(table, _uri(namespace))
+    cases = []
+    for row in table.itertuples():
+        if row.logged_stop_reason not in _REASONS:  # e.g. a NaN loss: not a rule this exercise asks for
+            continue
+        threshold = None if math.isnan(row.stopping_threshold) else float(row.stopping_threshold)
+        args = (histories[row.run_id], float(row.min_delta), int(row.patience), threshold, int(row.max_epochs))
+        accepted = {row.logged_stop_reason} | acceptable_reasons(*args) - {"unknown"}
+        run = f"run {row.run_id} ({row.devices} devices, {row.epoch_mode})"
+        cases.append(Case(args, accepted, f"Lightning reported {row.logged_stop_reason!r} for {run}"))
+    return cases
+
+
+#: ``why_stopped(val_losses, min_delta, patience, stopping_threshold, max_epochs)``: Lightning's rules, on the fixed
+#: histories (one rule at a time), 40 drawn ones off every boundary, and the lesson's runs in ``table`` (read from
+#: MLflow), where the reason Lightning logged is right too; calling ``stop_reason`` or ``stop_reasons`` is delegating
+why_runs_stopped = register("5.4")(
+    FunctionCheck(
+        "5.4",
+        answer="why_stopped",
+        fixed=[case[:5] for case in _STOP_CASES],
+        draw=_draw_history,
+        draws=40,
+        reference=acceptable_reasons,
+        returns=REASON,
+        forbid=("helpers.analysis:stop_reason", "helpers.analysis:stop_reasons"),
+        keywords=True,
+        from_namespace=_lessons_runs,
+        hint=_stop_hint,
+        passed="right on {n} made-up histories",
+        passed_namespace=" and on the lesson's {m} runs",
+    )
+)
 
 
 # --- 5.6 rows per epoch -----------------------------------------------------------------------------------------
