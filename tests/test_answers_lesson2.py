@@ -106,6 +106,11 @@ def optimizer_adam(model, learning_rate, momentum):
     return torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=learning_rate)
 
 
+def optimizer_unfreezes_everything(model, learning_rate, momentum):
+    model.requires_grad_(True)  # every parameter then "requires gradients"
+    return torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=learning_rate, momentum=momentum)
+
+
 def optimizer_delegating(model, learning_rate, momentum):
     model.learning_rate = learning_rate
     return LitClassificationModel.configure_optimizers(model)
@@ -118,10 +123,24 @@ def test_2_2_right(answer):
 
 @pytest.mark.parametrize(
     "answer",
-    [optimizer_every_parameter, optimizer_hard_coded, optimizer_head_only, optimizer_adam, optimizer_delegating],
+    [
+        optimizer_every_parameter,
+        optimizer_hard_coded,
+        optimizer_head_only,
+        optimizer_adam,
+        optimizer_unfreezes_everything,
+        optimizer_delegating,
+    ],
 )
 def test_2_2_wrong(answer):
     assert verdict("2.2", answer) == "failed"
+
+
+def test_2_2_an_answer_that_unfreezes_the_model_is_judged_on_the_model_as_given():
+    status, message = _run("2.2", {"make_optimizer": optimizer_unfreezes_everything})
+    assert status == "failed" and message.endswith(
+        "changed which parameters require gradients: leave the model as it is, frozen parameters stay frozen"
+    ), message
 
 
 def _frozen_part(network) -> str:

@@ -110,6 +110,15 @@ def scaling_a_dict(worker_nodes, use_gpu):
     return {"num_workers": len(worker_nodes), "use_gpu": use_gpu, "resources_per_worker": {"CPU": 1}}
 
 
+def scaling_changes_the_cluster(worker_nodes, use_gpu):
+    from ray.train import ScalingConfig
+
+    del worker_nodes[1:]  # then "every node" is the first one
+    worker_nodes[0]["CPU"] = 1.0
+    worker_nodes[0].pop("GPU", None)
+    return ScalingConfig(num_workers=1, use_gpu=use_gpu, resources_per_worker={"CPU": 1})
+
+
 def scaling_delegated(worker_nodes, use_gpu):
     from types import SimpleNamespace
 
@@ -133,6 +142,7 @@ def scaling_delegated(worker_nodes, use_gpu):
         (scaling_default_cpus, "failed"),
         (scaling_lessons_cluster, "failed"),
         (scaling_a_dict, "failed"),
+        (scaling_changes_the_cluster, "failed"),
         (scaling_delegated, "failed"),
     ],
 )
@@ -142,7 +152,17 @@ def test_6_1_scaling_config(answer, expected):
 
 def test_6_1_the_hint_says_how_to_share_a_nodes_cpus():
     _, message = _run("6.1", {"scaling_config": scaling_rounded_share})
-    assert "8 CPUs shared by its 3 workers is 2 each (rounded down" in message, message
+    assert message.startswith(
+        "scaling_config(<3 worker nodes of 8 CPUs and 3 GPUs>, use_gpu=True) gives each worker 3 CPU and 1 GPU, "
+        "expected 2 and 1: a node's 8 CPUs shared by its 3 workers is 2 each (rounded down"
+    ), message
+
+
+def test_6_1_an_answer_is_judged_on_the_cluster_as_it_was_given():
+    _, message = _run("6.1", {"scaling_config": scaling_changes_the_cluster})
+    assert message == (
+        "scaling_config(<2 worker nodes of 1 CPUs>, use_gpu=False) has num_workers=1: one worker per worker node is 2"
+    ), message
 
 
 # ---------------------------------------------------------------------------------------- 6.3 ZeRO memory per device

@@ -479,12 +479,19 @@ def test_a_declared_check_meets_the_namespace_s_own_cases_last_with_their_own_re
     )
 
 
-def test_a_judge_sees_the_objects_the_answer_was_given():
-    def same_list(case: tuple, got) -> str | None:
-        return None if got is case[0] else "returned another list: return the one given"
+def test_a_judge_sees_the_case_as_given_and_the_objects_the_answer_was_given():
+    def same_list_summed(case: tuple, got, given: tuple) -> str | None:
+        if got is not given[0]:
+            return "returned another list: return the one given"
+        return None if sum(got) == sum(case[0]) else f"summed to {sum(got)}, expected {sum(case[0])}: change nothing"
 
     check = FunctionCheck(
-        "97.6", answer="itself", fixed=[([1, 2],)], judge=same_list, hint="return it", passed="returned {n} lists"
+        "97.6",
+        answer="itself",
+        fixed=[([1, 2],)],
+        judge=same_list_summed,
+        hint="return it",
+        passed="returned {n} lists",
     )
     register("97.6")(check)
     assert checks._run("97.6", {"itself": lambda values: values}) == (PASSED, "returned 1 lists")
@@ -493,8 +500,18 @@ def test_a_judge_sees_the_objects_the_answer_was_given():
         "itself([1, 2]) returned another list: return the one given",
     )
 
+    def changes_it(values):
+        values[0] = 5
+        return values
 
-def _even_pair(case: tuple, got) -> str | None:
+    # judged on the case as it was given: an answer cannot pass by changing what it is judged on
+    assert checks._run("97.6", {"itself": changes_it}) == (
+        FAILED,
+        "itself([1, 2]) summed to 7, expected 3: change nothing",
+    )
+
+
+def _even_pair(case: tuple, got, _given: tuple) -> str | None:
     """A judge: any pair of even numbers that sums to the case's number is right."""
     if not isinstance(got, tuple) or len(got) != 2:
         return f"returned {got!r}: return a pair"
@@ -541,7 +558,7 @@ def test_a_judged_check_says_what_is_wrong_with_what_came_back(answer, status, m
 
 
 def test_a_judged_check_blames_itself_for_its_judge_s_bug_and_refuses_a_second_verdict():
-    register("97.6")(_pairs_check("97.6", judge=lambda case, got: got.bad_attribute))
+    register("97.6")(_pairs_check("97.6", judge=lambda case, got, given: got.bad_attribute))
     status, message = checks._run("97.6", {"pair": lambda n: (n, 0)})
     assert status == ERROR and message.startswith("the check itself failed (AttributeError"), message
     with pytest.raises(TypeError, match="declare a reference or a judge, not both"):

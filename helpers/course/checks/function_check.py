@@ -82,7 +82,7 @@ def _shown(value: Any) -> str:
     length, an object with a long repr by its type."""
     if isinstance(value, list):
         whole = f"[{', '.join(map(_shown, value))}]"
-        if len(whole) <= _SHOWN_LIST_CHARS:
+        if len(whole) <= _SHOWN_LIST_CHARS or len(value) <= _SHOWN_ITEMS:
             return whole
         return f"[{', '.join(map(_shown, value[:_SHOWN_ITEMS]))}, ... ({len(value)} items)]"
     if isinstance(value, (set, frozenset)):
@@ -119,15 +119,18 @@ class FunctionCheck:
         passed: the success message; ``{n}`` is the number of cases.
         reference: the right result of a case, called with its arguments (its parameters name them in a hint);
             a set holds every right result where several are.
-        judge: instead of ``reference``, a function of the case and the answer's result: None where the result is
-            right, else what is wrong, worded to follow the call (``"returned a list: return a dict"``). It runs
-            after the answer, outside the tripwire, and is given the answer's own copy of the case (the objects
-            the answer was called with).
+        judge: instead of ``reference``, ``judge(case, result, given)``: None where the answer's result is right,
+            else what is wrong, worded to follow the call (``"returned a list: return a dict"``). It runs after the
+            answer, outside the tripwire, with the case as it was given (untouched: an answer that changes its
+            arguments cannot change what it is judged on) and ``given``, the answer's own copy of it (the objects
+            the answer was called with, which its result may hold).
         draw: one more case from a ``random.Random``; ``draws`` of them follow the fixed cases.
         draws: how many cases ``draw`` adds.
         returns: what the answer must return, and how it is compared (:data:`WHOLE`, :data:`NUMBER`).
         forbid: the course helpers, as ``"module:name"``, that do the exercise: calling one fails the answer.
         keywords: show the call with its parameter names (``f(a=1, b=2)``) rather than positionally.
+        show: how a hint shows a case's arguments (``<2 worker nodes of 4 CPUs>, True``), where the engine's way
+            would not say what matters.
         from_namespace: the cases the notebook's namespace gives (:class:`Case`, e.g. the lesson's runs), met after
             the others where the check is given the namespace; none where it finds none.
         passed_namespace: appended to ``passed`` where there were such cases; ``{m}`` is their number.
@@ -139,12 +142,13 @@ class FunctionCheck:
     hint: str | Callable[[tuple, Any], str]
     passed: str
     reference: Callable[..., Any] | None = None
-    judge: Callable[[tuple, Any], str | None] | None = None
+    judge: Callable[[tuple, Any, tuple], str | None] | None = None
     draw: Callable[[random.Random], tuple] | None = None
     draws: int = 0
     returns: Returns = WHOLE
     forbid: Sequence[str] = ()
     keywords: bool = False
+    show: Callable[[tuple], str] | None = None
     from_namespace: Callable[[Mapping[str, Any]], list[Case]] | None = None
     passed_namespace: str = ""
 
@@ -156,10 +160,13 @@ class FunctionCheck:
 
     def check_functions(self) -> tuple[Any, ...]:
         """The check's own code: an error raised there is a bug of the check, not the learner's failure."""
-        return tuple(part for part in (self.reference, self.judge, self.draw, self.hint) if callable(part))
+        parts = (self.reference, self.judge, self.draw, self.hint, self.show, self.from_namespace)
+        return tuple(part for part in parts if callable(part))
 
     def call(self, case: tuple) -> str:
         """How a hint shows the answer's call on ``case``."""
+        if self.show is not None:
+            return f"{self.answer}({self.show(case)})"
         if self.keywords:
             names = self.reference.__code__.co_varnames[: len(case)]
             return f"{self.answer}({', '.join(f'{n}={_shown(v)}' for n, v in zip(names, case))})"
@@ -212,7 +219,7 @@ class FunctionCheck:
             ) from got.error
         returned(got, self.answer)
         if self.judge is not None:
-            problem = self.judge(args, got)
+            problem = self.judge(case, got, args)
             if problem:
                 raise CheckFailed(f"{self.call(case)} {problem}")
         elif not self.returns.is_kind(got):

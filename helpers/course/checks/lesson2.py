@@ -245,16 +245,23 @@ def _optimizer_case(rng: random.Random) -> tuple[torch.nn.Module, float, float]:
     return network, round(rng.uniform(1e-4, 0.5), 5), round(rng.uniform(0.5, 0.99), 3)
 
 
-def _optimizer_problem(case: tuple[torch.nn.Module, float, float], got: object) -> str | None:
-    """What is wrong with the optimizer ``make_optimizer(model, learning_rate, momentum)`` returned, or None."""
+def _optimizer_problem(
+    case: tuple[torch.nn.Module, float, float], got: object, given: tuple[torch.nn.Module, float, float]
+) -> str | None:
+    """What is wrong with the optimizer ``make_optimizer(model, learning_rate, momentum)`` returned, or None: it
+    must optimise the parameters of the network it was given (``given``) that required gradients as the case was
+    given, and leave which ones do as they were."""
     network, learning_rate, momentum = case
     if not isinstance(got, torch.optim.SGD):
         return f"returned {type(got).__name__}: return torch.optim.SGD(...)"
     for group in got.param_groups:
         if not close(group["lr"], learning_rate) or not close(group["momentum"], momentum):
             return f"has lr={group['lr']}, momentum={group['momentum']}: pass learning_rate and momentum through"
+    pairs = list(zip(network.parameters(), given[0].parameters()))
+    if any(mine.requires_grad != theirs.requires_grad for mine, theirs in pairs):
+        return "changed which parameters require gradients: leave the model as it is, frozen parameters stay frozen"
     optimised = {id(p) for g in got.param_groups for p in g["params"]}
-    if optimised != {id(p) for p in network.parameters() if p.requires_grad}:
+    if optimised != {id(theirs) for mine, theirs in pairs if mine.requires_grad}:
         return "does not optimise exactly the parameters that require gradients (frozen ones stay out)"
     return None
 
@@ -449,7 +456,7 @@ def datamodule_loaders(namespace) -> str:
     return "each device reads its own shard; validation covers every row once"
 
 
-def _callbacks_problem(case: tuple[int, float, str], got: object) -> str | None:
+def _callbacks_problem(case: tuple[int, float, str], got: object, _given: tuple) -> str | None:
     """What is wrong with the callbacks ``make_callbacks(patience, min_delta, checkpoint_dir)`` returned, or None."""
     from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 

@@ -10,7 +10,6 @@ notebook's Ray cluster and reads what every worker did. An answer that calls the
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
@@ -25,12 +24,12 @@ import numpy as np
 from helpers.course.checks import (
     CheckFailed,
     close,
+    named_helpers,
     own_work,
     quiet_lightning,
     register,
     require,
     require_implemented,
-    returned,
     whole_number,
 )
 from helpers.course.checks.function_check import NUMBER, FunctionCheck, Returns
@@ -44,7 +43,6 @@ __all__ = [
     "ray_scaling_config",
     "ray_training_function",
     "run_recorded_loop",
-    "scaling_cases",
     "zero_memory_per_device",
 ]
 
@@ -64,33 +62,17 @@ LOOP_CONFIG_KEYS = (
 # ---------------------------------------------------------------------------------------------------------- 6.1
 
 
-def scaling_cases(seed: int = 61, count: int = 6) -> list[tuple[list[dict[str, Any]], bool]]:
-    """``(worker_nodes, use_gpu)`` for exercise 6.1: this lesson's cluster, chosen ones, then generated ones.
+def _nodes(count: int, cpus: int, gpus: int) -> list[dict[str, Any]]:
+    """``count`` alike worker nodes as ``ray.nodes()`` gives their resources: ``CPU``, ``GPU`` on GPU nodes, and
+    others (``memory``, the node's own ``node:<address>``) an answer must leave alone."""
+    extra = {"GPU": float(gpus)} if gpus else {}
+    return [{"CPU": float(cpus), **extra, "memory": 2.0**33, f"node:10.0.0.{n + 2}": 1.0} for n in range(count)]
 
-    Each worker node is a dict of Ray resources as ``ray.nodes()`` gives them: ``CPU``, ``GPU`` on GPU nodes, and
-    others (``memory``, the node's own ``node:<address>``) the answer must leave alone.
 
-    Args:
-        seed: the seed of the generator; the same seed gives the same cases.
-        count: how many generated cases.
-
-    Returns:
-        The lesson's 2 one-CPU nodes, a GPU cluster whose CPUs do not divide evenly, a GPU cluster trained on its
-        CPUs alone, then ``count`` generated clusters with GPUs used and not.
-    """
-    rng = random.Random(seed)
-
-    def nodes(count: int, cpus: int, gpus: int) -> list[dict[str, Any]]:
-        extra = {"GPU": float(gpus)} if gpus else {}
-        return [{"CPU": float(cpus), **extra, "memory": 2.0**33, f"node:10.0.0.{n + 2}": 1.0} for n in range(count)]
-
-    cases = [(nodes(2, 1, 0), False), (nodes(3, 8, 3), True), (nodes(2, 16, 4), False)]
-    for index in range(count):
-        gpus = rng.choice([1, 2, 4, 8])
-        cases.append(
-            (nodes(rng.randint(1, 6), gpus * rng.choice([1, 2, 3, 4]) + rng.randint(0, 1), gpus), index % 3 > 0)
-        )
-    return cases
+def _draw_cluster(rng: random.Random) -> tuple[list[dict[str, Any]], bool]:
+    """A cluster of 1-6 GPU nodes whose CPUs may not divide evenly among the GPUs, trained on the GPUs or not."""
+    gpus = rng.choice([1, 2, 4, 8])
+    return _nodes(rng.randint(1, 6), gpus * rng.choice([1, 2, 3, 4]) + rng.randint(0, 1), gpus), rng.random() < 0.67
 
 
 def expected_scaling(worker_nodes: list[dict[str, Any]], use_gpu: bool) -> tuple[int, int, int]:
@@ -103,34 +85,32 @@ def expected_scaling(worker_nodes: list[dict[str, Any]], use_gpu: bool) -> tuple
     return len(worker_nodes), int(node["CPU"]), 0
 
 
-def _ray_launcher_helpers() -> tuple[Any, ...]:
-    """The course's helpers that would build the scaling configuration or launch the job for the learner."""
-    from helpers import ray_launcher
-
-    return ray_launcher.run_with_ray, ray_launcher._trainer
+#: the course's helpers that would build the scaling configuration or launch the job for the learner
+_RAY_LAUNCHER = ("helpers.ray_launcher:run_with_ray", "helpers.ray_launcher:_trainer")
 
 
-def _describe(worker_nodes: list[dict[str, Any]]) -> str:
-    """``3 worker nodes of 8 CPUs and 3 GPUs``."""
+def _describe(case: tuple[list[dict[str, Any]], bool]) -> str:
+    """``<3 worker nodes of 8 CPUs and 3 GPUs>, use_gpu=True``: how a hint shows 6.1's call."""
+    worker_nodes, use_gpu = case
     node = worker_nodes[0]
     gpus = f" and {node['GPU']:g} GPUs" if node.get("GPU") else ""
-    return f"{len(worker_nodes)} worker nodes of {node['CPU']:g} CPUs{gpus}"
+    return f"<{len(worker_nodes)} worker nodes of {node['CPU']:g} CPUs{gpus}>, use_gpu={use_gpu}"
 
 
-def _judge_scaling(config: Any, worker_nodes: list[dict[str, Any]], use_gpu: bool) -> None:
-    """``config`` is the ``ScalingConfig`` that uses the cluster: Ray's own properties say what it asks for."""
+def _scaling_problem(case: tuple[list[dict[str, Any]], bool], config: Any, _given: tuple) -> str | None:
+    """What is wrong with the ``ScalingConfig`` returned for the cluster ``case``, or None: Ray's own properties
+    say what it asks for."""
     from ray.air.config import ScalingConfig  # Ray Train V2's ScalingConfig is a subclass
 
-    cluster = _describe(worker_nodes)
-    call = f"scaling_config(<{cluster}>, use_gpu={use_gpu})"
+    worker_nodes, use_gpu = case
     if not isinstance(config, ScalingConfig):
-        raise CheckFailed(f"{call} returned {config!r}: return a ray.train.ScalingConfig(...)")
+        return f"returned {config!r}: return a ray.train.ScalingConfig(...)"
     workers, cpus, gpus = expected_scaling(worker_nodes, use_gpu)
     if bool(config.use_gpu) != use_gpu:
-        raise CheckFailed(f"{call} has use_gpu={config.use_gpu!r}: pass use_gpu through (it gives each worker a GPU)")
+        return f"has use_gpu={config.use_gpu!r}: pass use_gpu through (it gives each worker a GPU)"
     if config.num_workers != workers:
         rule = "one worker per GPU of every node" if use_gpu else "one worker per worker node"
-        raise CheckFailed(f"{call} has num_workers={config.num_workers!r}: {rule} is {workers}")
+        return f"has num_workers={config.num_workers!r}: {rule} is {workers}"
     got = (config.num_cpus_per_worker, config.num_gpus_per_worker)
     if got != (cpus, gpus):
         share = (
@@ -139,41 +119,31 @@ def _judge_scaling(config: Any, worker_nodes: list[dict[str, Any]], use_gpu: boo
             if use_gpu
             else f"each worker holds all {cpus} CPUs of its node"
         )
-        raise CheckFailed(
-            f"{call} gives each worker {got[0]:g} CPU and {got[1]:g} GPU, expected {cpus} and {gpus}: {share}; "
+        return (
+            f"gives each worker {got[0]:g} CPU and {got[1]:g} GPU, expected {cpus} and {gpus}: {share}; "
             'set resources_per_worker={"CPU": ...}'
         )
+    return None
 
 
-@register("6.1")
-def ray_scaling_config(namespace) -> str:
-    """``scaling_config(worker_nodes, use_gpu)``: Ray Train's ``ScalingConfig`` that uses every worker node of a
-    Ray cluster on Spark (one worker per GPU, or per node without GPUs, each with its share of the node's CPUs).
-
-    Args:
-        namespace: the notebook's ``globals()``, holding ``scaling_config``; nothing is launched.
-
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``scaling_config`` is not defined, is a stub, or returns None.
-        CheckFailed: a result is not a ``ScalingConfig`` with the workers, GPU flag and resources per worker that
-            use the cluster.
-        Delegated: the answer calls ``helpers.ray_launcher``'s launcher.
-        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
-    """
-    scaling_config = require(namespace, "scaling_config")
-    require_implemented(scaling_config)
-    cases = scaling_cases()
-    with own_work(*_ray_launcher_helpers()):
-        answers = [
-            returned(scaling_config(copy.deepcopy(nodes), use_gpu), f"scaling_config(<{_describe(nodes)}>, {use_gpu})")
-            for nodes, use_gpu in cases
-        ]
-    for (nodes, use_gpu), config in zip(cases, answers, strict=True):
-        _judge_scaling(config, nodes, use_gpu)
-    return f"{len(cases)} Ray clusters, each used whole: one worker per GPU (or node), each with its share of the CPUs"
+#: ``scaling_config(worker_nodes, use_gpu)``: Ray Train's ``ScalingConfig`` that uses every worker node of a Ray
+#: cluster on Spark (one worker per GPU, or per node without GPUs, each with its share of the node's CPUs), on the
+#: lesson's 2 one-CPU nodes, a GPU cluster whose CPUs do not divide evenly, one trained on its CPUs alone, and 6
+#: drawn clusters; calling the course's Ray launcher is delegating
+ray_scaling_config = register("6.1")(
+    FunctionCheck(
+        "6.1",
+        answer="scaling_config",
+        fixed=[(_nodes(2, 1, 0), False), (_nodes(3, 8, 3), True), (_nodes(2, 16, 4), False)],
+        draw=_draw_cluster,
+        draws=6,
+        judge=_scaling_problem,
+        show=_describe,
+        forbid=_RAY_LAUNCHER,
+        hint='one worker per GPU (or per node), resources_per_worker={"CPU": its share of the node\'s CPUs}',
+        passed="{n} Ray clusters, each used whole: one worker per GPU (or node), each with its share of the CPUs",
+    )
+)
 
 
 # ---------------------------------------------------------------------------------------------------------- 6.2
@@ -183,7 +153,7 @@ def _loop_helpers() -> tuple[Any, ...]:
     """The course's helpers that would do exercise 6.2 for the learner."""
     from helpers.worker import _rank_and_strategy, train_process, train_with_ray
 
-    return (train_process, _rank_and_strategy, train_with_ray, *_ray_launcher_helpers())
+    return (train_process, _rank_and_strategy, train_with_ray, *named_helpers(*_RAY_LAUNCHER))
 
 
 @contextmanager
@@ -475,7 +445,7 @@ def _draw_config(rng: random.Random) -> tuple[int, int, int, int, float]:
     )
 
 
-def _judge_config(case: tuple[int, int, int, int, float], config: Any) -> str | None:
+def _judge_config(case: tuple[int, int, int, int, float], config: Any, _given: tuple) -> str | None:
     """What is wrong with ``config`` for ``case``, or None: it must be a JSON-able DeepSpeed config DeepSpeed's
     parser accepts (``helpers.zero.check_zero_config``), with the stage, the batch arithmetic, lesson 2's SGD
     (momentum 0.9) at the learning rate, and fp32."""
