@@ -47,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -69,6 +70,7 @@ __all__ = ["Listener", "RayOnSpark", "RayStartError", "listening_sockets", "ray_
 LOOPBACK = "127.0.0.1"
 NODE_LAUNCHER = "ray.util.spark.start_ray_node"  # the module Ray on Spark runs for every node (head and workers)
 STOP_TIMEOUT_S = 20.0  # a node's launcher waits about 1.5 s for its processes, then removes its temporary files
+HEAD_START_BOUND_S = 90.0  # how long the head node may take to open its port (3-5 s idle, over 20 s on a busy machine)
 _SPARK_HOOK_ENV = "RAY_ON_SPARK_START_HOOK"  # Ray on Spark's hook class (read on the driver while it starts)
 _NODE_HOOK_ENV = "RAY_START_HOOK"  # run by every `ray start` with its parameters, before it starts anything
 _CLUSTERS_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's one-machine addressing (loopback everywhere)
@@ -321,6 +323,34 @@ def _quiet_start() -> Iterator[None]:
         cluster_init._start_ray_head_node = start_head
 
 
+def _port_opens(host: str, port: int) -> bool:
+    """Replaces Ray on Spark's one look at the head node's port (``cluster_init.is_port_in_use``): whether it opens
+    within :data:`HEAD_START_BOUND_S`, looked at every tenth of a second."""
+    from ray.util.spark import utils
+
+    deadline = time.monotonic() + HEAD_START_BOUND_S
+    while not utils.is_port_in_use(host, port):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@contextlib.contextmanager
+def _head_start_awaited() -> Iterator[None]:
+    """While Ray on Spark starts: it waits for its head node by polling its port (:func:`_port_opens`). Its own way
+    is a fixed 20 s sleep (``_RAY_HEAD_STARTUP_TIMEOUT``) and one look at the port, which fails a head that a busy
+    machine starts in more than 20 s ("Start Ray head node failed!") and keeps an idle one waiting for nothing."""
+    from ray.util.spark import cluster_init
+
+    saved = cluster_init._RAY_HEAD_STARTUP_TIMEOUT, cluster_init.is_port_in_use
+    cluster_init._RAY_HEAD_STARTUP_TIMEOUT, cluster_init.is_port_in_use = 0, _port_opens
+    try:
+        yield
+    finally:
+        cluster_init._RAY_HEAD_STARTUP_TIMEOUT, cluster_init.is_port_in_use = saved
+
+
 def _not_a_stopped_node(record: logging.LogRecord) -> bool:
     """False for the job server's notice that a worker node's Spark job ended, where the course stopped that
     cluster: its threads say so after the shutdown returns, as a warning that asks to debug it."""
@@ -389,7 +419,7 @@ def ray_cluster(
     # no info lines of its own ("Ray worker nodes are starting"); those of its ray.init: see _quiet_start
     with logger_levels({"ray": logging.WARNING, _SPARK_LOGGER: logging.WARNING}):
         try:
-            with _driver_setup(_on_loopback(spark)), _quiet_start():
+            with _driver_setup(_on_loopback(spark)), _quiet_start(), _head_start_awaited():
                 cluster.address, _ = setup_ray_cluster(
                     max_worker_nodes=workers,
                     num_cpus_worker_node=cpus_per_worker,

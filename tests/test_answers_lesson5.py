@@ -9,6 +9,7 @@ the ``min_delta`` boundary, as a real run can have.
 from __future__ import annotations
 
 import math
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -246,11 +247,16 @@ def s_linear(table):
     return table.assign(speedup=table["devices"].astype(float), efficiency=1.0)
 
 
+def s_changes_the_times(table):
+    table["wall_time_s"] = table["wall_time_s"].iloc[0]  # every run as fast as the first: speedup 1 everywhere
+    return table.assign(speedup=1.0, efficiency=1.0 / table["devices"])
+
+
 @pytest.mark.parametrize("answer", [s_solution, s_numpy, s_rows])
 def test_5_3_right(namespace, answer):
     status, message = verdict(namespace, "5.3", "speedup_efficiency", answer)
     assert status == "passed", message
-    assert "lesson's 2 runs" in message
+    assert "on the lesson's one-pass runs" in message
 
 
 @pytest.mark.parametrize("answer", [s_solution, s_numpy])
@@ -261,10 +267,21 @@ def test_5_3_same_verdict_after_the_run_cell_ran_twice(namespace, answer):
     assert status == "passed", message
 
 
-@pytest.mark.parametrize("answer", [s_delegates, s_first_row, s_efficiency_times, s_inverted, s_linear])
+@pytest.mark.parametrize(
+    "answer", [s_delegates, s_first_row, s_efficiency_times, s_inverted, s_linear, s_changes_the_times]
+)
 def test_5_3_wrong(namespace, answer):
     status, message = verdict(namespace, "5.3", "speedup_efficiency", answer)
     assert status == "failed", message
+
+
+def test_5_3_the_hint_names_the_runs_and_the_right_speedup():
+    status, message = verdict({}, "5.3", "speedup_efficiency", s_first_row)
+    assert status == "failed" and re.fullmatch(
+        r"speedup_efficiency\(<\d runs on \[1(, \d+)+\] devices>\) has speedup [\d.]+ for devices=\d+, expected "
+        r"[\d.]+ = time on 1 device / time on \d+ \([\d.]+ s\): take the 1-device row's time, not the first row's",
+        message,
+    ), message
 
 
 # --- 5.4 why a run stopped --------------------------------------------------------------------------------------

@@ -1,21 +1,23 @@
 """Ray on Spark (``helpers.ray_on_spark``) and Ray Train as a launcher (``helpers.ray_launcher``, ``train_with_ray``).
 
-The fast tests pin the one-line input errors without starting Ray. The slow ones judge the Ray part of the suite's
-one cluster session (the ``ray_session`` fixture: tests/scripts/ray_session.py in the driver program
-tests/scripts/cluster_session.py, since a process holds one SparkContext and the shared local ``spark`` must stay
-usable): on its 2-worker ``LocalCluster``, lesson 1's digits, then one Ray cluster on its workers in which Lightning
-DDP trains on 2 Ray Train workers, a job whose rank 1 raises fails, and a job whose rank 1's process is killed fails
-without a retry; then the shutdown. With one retry, Ray Train replacing the killed process and resuming from its
+The fast tests pin the one-line input errors, and the wait for the head node's port, without starting Ray. The slow ones
+judge the Ray part of the suite's one cluster session (the ``ray_session`` fixture: tests/scripts/ray_session.py in the
+driver program tests/scripts/cluster_session.py, since a process holds one SparkContext and the shared local ``spark``
+must stay usable): on its 2-worker ``LocalCluster``, lesson 1's digits, then one Ray cluster on its workers in which
+Lightning DDP trains on 2 Ray Train workers, a job whose rank 1 raises fails, and a job whose rank 1's process is killed
+fails without a retry; then the shutdown. With one retry, Ray Train replacing the killed process and resuming from its
 checkpoint is lesson 6's ``ray-restart-says`` output, which nbval compares (tests/test_notebooks.py).
 """
 
 from __future__ import annotations
 
 import re
+import socket
+import threading
 
 import pytest
 
-from helpers import CourseInputError
+from helpers import CourseInputError, ray_on_spark
 
 CHANCE = 0.1  # ten classes
 
@@ -57,6 +59,25 @@ def test_ray_train_needs_a_ray_cluster_and_a_worker_count():
 
 
 # -- slow: one Ray cluster on a 2-worker Spark cluster (the cluster session's Ray part, tests/scripts/ray_session.py)
+
+
+def test_ray_on_spark_waits_for_its_head_node_s_port_until_it_opens_up_to_a_bound(monkeypatch):
+    from ray.util.spark import cluster_init, utils
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    head = socket.socket()
+    opened = threading.Timer(0.5, lambda: (head.bind(("127.0.0.1", port)), head.listen()))
+    monkeypatch.setattr(ray_on_spark, "HEAD_START_BOUND_S", 30.0)
+    with ray_on_spark._head_start_awaited():
+        assert cluster_init._RAY_HEAD_STARTUP_TIMEOUT == 0  # no fixed sleep before Ray on Spark's look
+        opened.start()
+        assert cluster_init.is_port_in_use("127.0.0.1", port)  # the look waits for the port to open
+        head.close()
+        monkeypatch.setattr(ray_on_spark, "HEAD_START_BOUND_S", 0.3)
+        assert not cluster_init.is_port_in_use("127.0.0.1", port)  # and gives up after the bound
+    assert (cluster_init._RAY_HEAD_STARTUP_TIMEOUT, cluster_init.is_port_in_use) == (20, utils.is_port_in_use)
 
 
 @pytest.mark.slow

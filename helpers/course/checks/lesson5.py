@@ -36,7 +36,6 @@ __all__ = [
     "serial_cases",
     "serial_fraction_measured",
     "speedup_and_efficiency",
-    "speedup_cases",
     "sweep_is_like_for_like",
     "why_runs_stopped",
 ]
@@ -144,124 +143,98 @@ def query_the_runs(namespace) -> str:
 # --- 5.3 speedup and efficiency ---------------------------------------------------------------------------------
 
 
-def speedup_cases(seed: int = 52, count: int = 6) -> list[pd.DataFrame]:
-    """Made-up run tables: 1 device plus 1-4 other counts, rows shuffled, a non-default index, times from
-    sub-linear to super-linear, extra columns.
-
-    Args:
-        seed: the seed of the generator; the same seed gives the same tables.
-        count: how many tables.
-
-    Returns:
-        ``count`` DataFrames with the columns ``run_id``, ``epoch_mode`` (``"one_pass"``), ``devices`` and
-        ``wall_time_s``.
-    """
-    rng = random.Random(seed)
-    tables = []
-    for case in range(count):
-        devices = [1, *rng.sample([2, 3, 4, 6, 8, 16, 32], rng.randint(1, 4))]
-        one = rng.uniform(20.0, 500.0)
-        times = [one if n == 1 else one / (n * rng.uniform(0.3, 1.2)) for n in devices]
-        rows = list(zip(devices, times))
-        rng.shuffle(rows)
-        tables.append(
-            pd.DataFrame(
-                {
-                    "run_id": [f"run-{case}-{n}" for n, _ in rows],
-                    "epoch_mode": "one_pass",
-                    "devices": [n for n, _ in rows],
-                    "wall_time_s": [t for _, t in rows],
-                },
-                index=rng.sample(range(100, 1000), len(rows)),
-            )
-        )
-    return tables
+def _draw_runs(rng: random.Random) -> tuple[pd.DataFrame]:
+    """A made-up run table: 1 device plus 1-4 other counts, rows shuffled, a non-default index, times from
+    sub-linear to super-linear; the columns ``run_id``, ``epoch_mode`` (``"one_pass"``), ``devices`` and
+    ``wall_time_s``."""
+    devices = [1, *rng.sample([2, 3, 4, 6, 8, 16, 32], rng.randint(1, 4))]
+    one, table = rng.uniform(20.0, 500.0), rng.randrange(1000)
+    rows = [(n, one if n == 1 else one / (n * rng.uniform(0.3, 1.2))) for n in devices]
+    rng.shuffle(rows)
+    return (
+        pd.DataFrame(
+            {
+                "run_id": [f"run-{table}-{n}" for n, _ in rows],
+                "epoch_mode": "one_pass",
+                "devices": [n for n, _ in rows],
+                "wall_time_s": [t for _, t in rows],
+            },
+            index=rng.sample(range(100, 1000), len(rows)),
+        ),
+    )
 
 
-def _compare_speedups(got: Any, expected: pd.DataFrame, where: str) -> None:
-    """Fail unless ``got`` has ``expected``'s speedup and efficiency for each run (matched by run_id)."""
-    returned(got, "speedup_efficiency")
+def _speedup_problem(got: Any, expected: pd.DataFrame, first_s: float) -> str | None:
+    """What is wrong with ``got`` against ``expected``'s speedup and efficiency for each run (matched by run_id);
+    ``first_s`` is the time in the table's first row (a baseline taken from there is a mistake of its own)."""
     if not isinstance(got, pd.DataFrame) or not {"speedup", "efficiency"} <= set(got.columns):
-        raise CheckFailed("return a DataFrame: the table with the columns speedup and efficiency added")
+        return f"returned a {type(got).__name__}: return the table with the columns speedup and efficiency added"
     if "run_id" in got.columns:
         got, expected = got.set_index("run_id"), expected.set_index("run_id")
     if len(got) != len(expected) or set(got.index) != set(expected.index):
-        raise CheckFailed(
-            f"{len(got)} rows came back for {len(expected)} {where}: keep the table's rows (one per "
-            "run) and add the two columns"
-        )
+        return f"returned {len(got)} rows for {len(expected)} runs: keep the table's rows (one per run), add 2 columns"
     for run_id, row in expected.iterrows():
         n, time_s, speedup = int(row["devices"]), float(row["wall_time_s"]), float(row["speedup"])
         if not close(got.loc[run_id, "speedup"], speedup, 1e-6):
-            raise CheckFailed(
-                f"{where}, devices={n}: speedup {got.loc[run_id, 'speedup']!r}, expected {speedup:.4g} "
-                f"= time on 1 device / time on {n} ({time_s:.4g} s): take the 1-device row's time, "
-                "not the first row's"
+            first_row = close(got.loc[run_id, "speedup"], first_s / time_s, 1e-6)
+            fix = (
+                "take the 1-device row's time, not the first row's"
+                if first_row
+                else "divide the 1-device run's time by this run's"
+            )
+            return (
+                f"has speedup {got.loc[run_id, 'speedup']!r} for devices={n}, expected {speedup:.4g} = time on 1 "
+                f"device / time on {n} ({time_s:.4g} s): {fix}"
             )
         if not close(got.loc[run_id, "efficiency"], speedup / n, 1e-6):
-            raise CheckFailed(
-                f"{where}, devices={n}: efficiency {got.loc[run_id, 'efficiency']!r}, expected "
-                f"speedup / devices = {speedup / n:.4g}"
+            return (
+                f"has efficiency {got.loc[run_id, 'efficiency']!r} for devices={n}, expected speedup / devices = "
+                f"{speedup / n:.4g}"
             )
+    return None
 
 
-def _expected_speedups(table: pd.DataFrame) -> list[pd.DataFrame]:
-    """``speedup_table``'s answer and, when the table holds repeated 1-device runs (the run cell ran twice), the
-    answers against each 1-device time and their mean: any one of those baselines is right."""
+def _speedups_problem(case: tuple[pd.DataFrame], got: Any, _given: tuple) -> str | None:
+    """What is wrong with the answer's table for the runs ``case``, or None. With repeated 1-device runs (the run
+    cell ran twice), any one of their times, or their mean, is a right baseline: the first problem shows."""
     from helpers.analysis import speedup_table
 
+    table = case[0]
     ones = table.loc[table["devices"] == 1, "wall_time_s"].astype(float)
     bases = [*ones, ones.mean()] if len(ones) > 1 else []
-    return [speedup_table(table, group=None)] + [speedup_table(table, baseline_time=b, group=None) for b in bases]
+    candidates = [speedup_table(table, group=None)] + [speedup_table(table, baseline_time=b, group=None) for b in bases]
+    problems = [_speedup_problem(got, expected, float(table["wall_time_s"].iloc[0])) for expected in candidates]
+    return None if None in problems else problems[0]
 
 
-def _compare_any(got: Any, candidates: list[pd.DataFrame], where: str) -> None:
-    """Pass if ``got`` matches one of the ``candidates``; else fail with the hint for the first."""
-    failures = []
-    for expected in candidates:
-        try:
-            _compare_speedups(got, expected, where)
-            return
-        except CheckFailed as failure:
-            failures.append(failure)
-    raise failures[0]
+def _lessons_one_pass_runs(namespace: Mapping[str, Any]) -> list[Case]:
+    """The one-pass runs of the lesson's ``table``; none where the namespace has no such table."""
+    from helpers.analysis import ONE_PASS
 
-
-@register("5.3")
-def speedup_and_efficiency(namespace) -> str:
-    """``speedup_efficiency(table)``: speedup = time(1 device) / time(n), efficiency = speedup / n, per row.
-
-    Args:
-        namespace: the notebook's ``globals()``, holding ``speedup_efficiency``, and ``table`` (the lesson's
-            runs) if it has one; the answer runs on :func:`speedup_cases` and on the table's one-pass runs.
-
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``speedup_efficiency`` is not defined, is a stub, or returns None.
-        CheckFailed: a result is not a DataFrame with ``speedup`` and ``efficiency`` columns; it has other rows
-            than the table; a run's speedup or efficiency is wrong (with repeated 1-device runs, any one of
-            their times, or their mean, is a right baseline).
-        Delegated: the answer calls ``helpers.analysis.speedup_table``.
-        Exception: any other error from the answer or from using what it returned, unchanged (``check`` shows
-            it as a failure).
-    """
-    from helpers.analysis import ONE_PASS, speedup_table
-
-    speedup_efficiency = require(namespace, "speedup_efficiency")
-    require_implemented(speedup_efficiency)
-    cases = [(table, "on a made-up table") for table in speedup_cases()]
     table = namespace.get("table")
-    real = isinstance(table, pd.DataFrame) and "epoch_mode" in table and not table.empty
-    if real:
-        cases.append((table[table["epoch_mode"] == ONE_PASS], "on the lesson's runs"))
-    expected = [_expected_speedups(case) for case, _ in cases]
-    with own_work(speedup_table):
-        for (case, where), candidates in zip(cases, expected):
-            _compare_any(speedup_efficiency(case.copy()), candidates, where)
-    message = f"speedup and efficiency right on {len(cases) - real} made-up tables"
-    return message + (f" and on the lesson's {len(cases[-1][0])} runs" if real else "")
+    if not isinstance(table, pd.DataFrame) or "epoch_mode" not in table or table.empty:
+        return []
+    return [Case((table[table["epoch_mode"] == ONE_PASS],))]
+
+
+#: ``speedup_efficiency(table)``: speedup = time(1 device) / time(n), efficiency = speedup / n, per row, on 6 drawn
+#: tables and the lesson's one-pass runs; calling ``helpers.analysis.speedup_table`` is delegating
+speedup_and_efficiency = register("5.3")(
+    FunctionCheck(
+        "5.3",
+        answer="speedup_efficiency",
+        fixed=[],
+        draw=_draw_runs,
+        draws=6,
+        judge=_speedups_problem,
+        show=lambda case: f"<{len(case[0])} runs on {sorted(case[0]['devices'])} devices>",
+        forbid=("helpers.analysis:speedup_table",),
+        from_namespace=_lessons_one_pass_runs,
+        hint="speedup = the 1-device run's time / the run's time, efficiency = speedup / devices",
+        passed="speedup and efficiency right on {n} made-up tables",
+        passed_namespace=" and on the lesson's one-pass runs",
+    )
+)
 
 
 # --- 5.4 why a run stopped --------------------------------------------------------------------------------------
