@@ -58,6 +58,7 @@ __all__ = [
     "resume_hint",
     "run_job",
     "stall_timeout_s",
+    "write_atomically",
     "worker_credentials",
 ]
 
@@ -166,7 +167,7 @@ def is_collateral(exc: BaseException) -> bool:
     return type(exc).__name__ in _COLLATERAL_TYPES or bool(_COLLATERAL_TEXT.search(str(exc)))
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that a reader never sees half a file (write aside, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -213,7 +214,7 @@ class JobFolder:
             "collateral": is_collateral(exc),
             "text": "".join(traceback.format_exception(exc)),
         }
-        _write_atomically(self.path / f"failure-rank-{rank}.json", json.dumps(record).encode())
+        write_atomically(self.path / f"failure-rank-{rank}.json", json.dumps(record).encode())
 
     def failures(self) -> dict[int, Failure]:
         """The failure records written so far, by rank."""
@@ -232,7 +233,7 @@ class JobFolder:
     def record_host(self, rank: int, host: str, pid: int) -> None:
         """Note the host ``rank`` runs on and its process id (:class:`WorkerCall` does, first thing), so that the
         driver can name the host of a rank that stopped answering, and wait for the processes of this machine."""
-        _write_atomically(self.path / f"host-rank-{rank}.txt", f"{host}\n{pid}".encode())
+        write_atomically(self.path / f"host-rank-{rank}.txt", f"{host}\n{pid}".encode())
 
     def _started(self) -> dict[int, tuple[str, int]]:
         """``(host, pid)`` of each rank that started, by rank."""
@@ -262,7 +263,7 @@ class JobFolder:
     def record_mlflow_run(self, run_id: str, tracking_uri: str) -> None:
         """Note an MLflow run a process opened, so the driver can end it FAILED if the process never does."""
         record = {"run_id": run_id, "tracking_uri": tracking_uri}
-        _write_atomically(self.path / f"mlflow-run-{run_id}.json", json.dumps(record).encode())
+        write_atomically(self.path / f"mlflow-run-{run_id}.json", json.dumps(record).encode())
 
     def fail_open_mlflow_runs(self) -> None:
         """End as FAILED every recorded MLflow run still RUNNING (after a failed job: its processes are gone).
@@ -282,7 +283,7 @@ class JobFolder:
 
     def record_waiting(self, rank: int, collective: str) -> None:
         """Note that ``rank`` has been waiting a while in ``collective`` (see :class:`CollectiveWatch`)."""
-        _write_atomically(self.path / f"waiting-rank-{rank}.json", json.dumps({"collective": collective}).encode())
+        write_atomically(self.path / f"waiting-rank-{rank}.json", json.dumps({"collective": collective}).encode())
 
     def clear_waiting(self, rank: int) -> None:
         """``rank`` left the collective it was noted waiting in."""
@@ -301,7 +302,7 @@ class JobFolder:
     def write_json(self, name: str, record: dict) -> None:
         """Store ``record`` as the JSON file ``name`` in the folder, atomically (what a job's processes note for
         each other and for the driver)."""
-        _write_atomically(self.path / name, json.dumps(record).encode())
+        write_atomically(self.path / name, json.dumps(record).encode())
 
     def read_json(self, pattern: str) -> list[dict]:
         """The JSON records whose file names match ``pattern`` (a glob), in name order."""
@@ -309,7 +310,7 @@ class JobFolder:
 
     def write_result(self, data: bytes) -> None:
         """Store rank 0's pickled result, for launchers that do not return it themselves."""
-        _write_atomically(self.path / "result.pkl", data)
+        write_atomically(self.path / "result.pkl", data)
 
     def read_result(self) -> bytes | None:
         """Rank 0's pickled result, or None if it wrote none."""

@@ -35,6 +35,7 @@ from helpers.course.checks import (
     require_implemented,
 )
 from helpers.course.checks.function_check import NUMBER, FunctionCheck
+from helpers.jobs import write_atomically
 
 __all__ = [
     "CHECK_PROCESSES",
@@ -204,8 +205,8 @@ def _batch_job(plan: list[tuple[Any, dict[str, Any], str, int]]) -> None:
         if pid == 0:
             _forked_worker(job, kwargs, Path(folder), port, rank)
         code = _wait_for(pid, Path(folder))
-        record = json.dumps({"code": code, "time": time.time()})
-        (Path(folder) / f"exit-rank-{rank}").write_text(record)
+        # whole or not at all: the other ranks read it while they wait (_wait_for)
+        write_atomically(Path(folder) / f"exit-rank-{rank}", json.dumps({"code": code, "time": time.time()}).encode())
 
 
 def _forked_worker(job, kwargs: dict[str, Any], folder: Path, port: int, rank: int) -> None:
