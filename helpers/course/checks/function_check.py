@@ -182,11 +182,10 @@ class FunctionCheck:
         fn = require(answer, self.answer) if isinstance(answer, Mapping) else answer
         require_implemented(fn)
         own = self.from_namespace(answer) if self.from_namespace and isinstance(answer, Mapping) else []
-        cases = self.cases() + [case.args for case in own]
+        every = [Case(args) for args in self.cases()] + own
+        cases, whys = [case.args for case in every], [case.why for case in every]
         # before the tripwire: the reference may use the helpers
-        right = [self._expected(case, None) for case in cases[: len(cases) - len(own)]]
-        right += [self._expected(case.args, case.expected) for case in own]
-        whys = [""] * (len(cases) - len(own)) + [case.why for case in own]
+        right = [self._expected(case.args, case.expected) for case in every]
         # the answer gets (and the judge sees) a copy of each case: an answer that changes its arguments changes
         # neither the case its hint shows nor the next call's
         given = [copy.deepcopy(case) for case in cases]
