@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import types
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,7 +20,7 @@ import yaml
 
 from helpers.analysis import FIXED_STEPS, ONE_PASS, TAG, plan_sweep, record_run, runs_table, speedup_table, stop_reason
 from helpers.course.checks import _run
-from helpers.course.checks.lesson5 import acceptable_reasons, plan_cases, why_runs_stopped
+from helpers.course.checks.lesson5 import acceptable_reasons, sweep_is_like_for_like, why_runs_stopped
 from helpers.loaders import steps_per_epoch
 from helpers.workdir import REPO_ROOT
 
@@ -606,6 +607,18 @@ def p_seed_per_run(max_devices, base_settings):
     return [{**run, "seed": base_settings["seed"] + run["devices"]} for run in p_solution(max_devices, base_settings)]
 
 
+def p_known_keys_only(max_devices, base_settings):
+    known = ("batch_size", "learning_rate", "train_rows", "seed", "max_epochs", "min_delta", "patience")
+    return [
+        {key: run[key] for key in (*known, "stopping_threshold", "devices", "global_batch_size", "steps_per_epoch")}
+        for run in p_solution(max_devices, base_settings)
+    ]  # drops the settings it does not know (image_size)
+
+
+# plan_sweep's own code under another name: a different function object that does the same
+p_copied_helper = types.FunctionType(plan_sweep.__code__, plan_sweep.__globals__, "p_copied_helper")
+
+
 @pytest.mark.parametrize("answer", [p_solution, p_numpy_tuple, p_largest_first])
 def test_5_1_right(namespace, answer):
     status, message = verdict(namespace, "5.1", "sweep_plan", answer)
@@ -626,6 +639,8 @@ def test_5_1_right(namespace, answer):
         p_every_count,
         p_no_batch_rule,
         p_seed_per_run,
+        p_known_keys_only,
+        p_copied_helper,
     ],
 )
 def test_5_1_wrong(namespace, answer):
@@ -667,10 +682,10 @@ def test_5_1_same_verdict_with_every_params_file(namespace, params):
 
 
 def test_5_1_cases_exercise_every_rule():
-    plans = [plan_sweep(m, base) for m, base in plan_cases()]
-    counts = [[run["devices"] for run in plan] for plan in plans]
-    assert any(m & (m - 1) and m in c for (m, _), c in zip(plan_cases(), counts))  # a non-power max kept
-    assert any(m not in c for (m, _), c in zip(plan_cases(), counts))  # a count dropped: no full batch
+    cases = sweep_is_like_for_like.cases()
+    counts = [[run["devices"] for run in plan_sweep(m, base)] for m, base in cases]
+    assert any(m & (m - 1) and m in c for (m, _), c in zip(cases, counts))  # a non-power max kept
+    assert any(m not in c for (m, _), c in zip(cases, counts))  # a count dropped: no full batch
     assert any(len(c) >= 4 for c in counts)
 
 
@@ -706,14 +721,31 @@ def f_constant(speedup, devices):
     return 0.1
 
 
-@pytest.mark.parametrize("answer", [f_solution, f_times_n, f_numpy])
+def f_fractions(speedup, devices):
+    from fractions import Fraction
+
+    s, n = Fraction(float(speedup)), Fraction(int(devices))
+    return (1 / s - 1 / n) / (1 - 1 / n)
+
+
+def f_two_devices_always(speedup, devices):
+    return (1 / speedup - 1 / 2) / (1 - 1 / 2)  # ignores the device count it was given
+
+
+def f_amdahl_rounded(speedup, devices):
+    return round((1 / speedup - 1 / devices) / (1 - 1 / devices), 2)
+
+
+@pytest.mark.parametrize("answer", [f_solution, f_times_n, f_numpy, f_fractions])
 def test_5_5_right(namespace, answer):
     status, message = verdict(namespace, "5.5", "serial_fraction", answer)
     assert status == "passed", message
     assert "2 devices" in message
 
 
-@pytest.mark.parametrize("answer", [f_no_division, f_efficiency, f_sign, f_constant])
+@pytest.mark.parametrize(
+    "answer", [f_no_division, f_efficiency, f_sign, f_constant, f_two_devices_always, f_amdahl_rounded]
+)
 def test_5_5_wrong(namespace, answer):
     status, message = verdict(namespace, "5.5", "serial_fraction", answer)
     assert status == "failed", message

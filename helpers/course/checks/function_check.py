@@ -133,7 +133,8 @@ class FunctionCheck:
             would not say what matters.
         from_namespace: the cases the notebook's namespace gives (:class:`Case`, e.g. the lesson's runs), met after
             the others where the check is given the namespace; none where it finds none.
-        passed_namespace: appended to ``passed`` where there were such cases; ``{m}`` is their number.
+        passed_namespace: appended to ``passed`` where there were such cases; ``{m}`` is their number; or a function
+            of those cases that says what they showed (the lesson's own numbers).
     """
 
     exercise_id: str
@@ -150,7 +151,7 @@ class FunctionCheck:
     keywords: bool = False
     show: Callable[[tuple], str] | None = None
     from_namespace: Callable[[Mapping[str, Any]], list[Case]] | None = None
-    passed_namespace: str = ""
+    passed_namespace: str | Callable[[list[Case]], str] = ""
 
     def cases(self) -> list[tuple]:
         """The fixed cases, then ``draws`` drawn ones from a generator seeded with the exercise id."""
@@ -160,7 +161,15 @@ class FunctionCheck:
 
     def check_functions(self) -> tuple[Any, ...]:
         """The check's own code: an error raised there is a bug of the check, not the learner's failure."""
-        parts = (self.reference, self.judge, self.draw, self.hint, self.show, self.from_namespace)
+        parts = (
+            self.reference,
+            self.judge,
+            self.draw,
+            self.hint,
+            self.show,
+            self.from_namespace,
+            self.passed_namespace,
+        )
         return tuple(part for part in parts if callable(part))
 
     def call(self, case: tuple) -> str:
@@ -198,7 +207,10 @@ class FunctionCheck:
         for case, args, expected, why, result in zip(cases, given, right, whys, results):
             self._judge(case, args, expected, result, why)
         message = self.passed.format(n=len(cases) - len(own))
-        return message + (self.passed_namespace.format(m=len(own)) if own else "")
+        if not own:
+            return message
+        said = self.passed_namespace
+        return message + (said(own) if callable(said) else said.format(m=len(own)))
 
     def _expected(self, case: tuple, known: Any) -> Any:
         """The right result of ``case``: ``known`` where the case brought it, else the reference's; None for a

@@ -13,27 +13,26 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from helpers.course.checks import (
     CheckFailed,
     close,
+    is_whole,
     own_work,
     register,
     require,
     require_implemented,
     returned,
-    whole_number,
 )
-from helpers.course.checks.function_check import Case, FunctionCheck, Returns
+from helpers.course.checks.function_check import NUMBER, Case, FunctionCheck, Returns
 
 __all__ = [
     "acceptable_reasons",
     "karp_flatt",
-    "plan_cases",
     "query_the_runs",
     "rows_read_per_epoch",
-    "serial_cases",
     "serial_fraction_measured",
     "speedup_and_efficiency",
     "sweep_is_like_for_like",
@@ -485,47 +484,24 @@ rows_read_per_epoch = register("5.6")(
 # --- 5.1 the sweep plan -----------------------------------------------------------------------------------------
 
 
-def plan_cases(seed: int = 55, count: int = 10) -> list[tuple[int, dict[str, Any]]]:
-    """(max_devices, base_settings): device limits that are and are not powers of two, data sets small enough
-    that the largest counts get no full batch, other settings and extra keys that must pass through unchanged.
-
-    Args:
-        seed: the seed of the generator; the same seed gives the same cases.
-        count: how many cases.
-
-    Returns:
-        ``count`` tuples ``(max_devices, base_settings)``; ``base_settings`` holds ``batch_size``,
-        ``learning_rate``, ``train_rows``, ``seed``, ``max_epochs``, the early-stopping settings and sometimes
-        ``image_size``.
-    """
-    rng = random.Random(seed)
-    cases = []
-    for _ in range(count):
-        batch = rng.choice([8, 16, 32, 64, 128])
-        base = {
-            "batch_size": batch,
-            "learning_rate": round(10 ** rng.uniform(-5, -1), 7),
-            "train_rows": rng.randint(2 * batch, 40 * batch),
-            "seed": rng.randint(0, 99),
-            "max_epochs": rng.randint(3, 100),
-            "min_delta": rng.choice([0.0, 0.005, 0.01]),
-            "patience": rng.randint(1, 10),
-            "stopping_threshold": rng.choice([None, 0.55, 0.12]),
-        }
-        if rng.random() < 0.5:
-            base["image_size"] = rng.choice([16, 32, 224])
-        cases.append((rng.choice([1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 64]), base))
-    return cases
-
-
-def _plan_rows(plan: Any) -> list[Mapping[str, Any]]:
-    """The runs of a plan: a list (or tuple) of dicts."""
-    returned(plan, "sweep_plan")
-    if not isinstance(plan, (list, tuple)) or not all(isinstance(run, Mapping) for run in plan):
-        raise CheckFailed(f"sweep_plan returned a {type(plan).__name__}: return a list of dicts, one per run")
-    if any("devices" not in run for run in plan):
-        raise CheckFailed("every run of the plan needs a 'devices' entry")
-    return sorted(plan, key=lambda run: whole_number(run["devices"], "a run's 'devices'"))
+def _draw_sweep(rng: random.Random) -> tuple[int, dict[str, Any]]:
+    """``(max_devices, base_settings)``: a device limit that may or may not be a power of two, a data set small
+    enough that the largest counts may get no full batch, other settings and extra keys that must pass through
+    unchanged (``seed``, ``max_epochs``, the early-stopping settings, sometimes ``image_size``)."""
+    batch = rng.choice([8, 16, 32, 64, 128])
+    base = {
+        "batch_size": batch,
+        "learning_rate": round(10 ** rng.uniform(-5, -1), 7),
+        "train_rows": rng.randint(2 * batch, 40 * batch),
+        "seed": rng.randint(0, 99),
+        "max_epochs": rng.randint(3, 100),
+        "min_delta": rng.choice([0.0, 0.005, 0.01]),
+        "patience": rng.randint(1, 10),
+        "stopping_threshold": rng.choice([None, 0.55, 0.12]),
+    }
+    if rng.random() < 0.5:
+        base["image_size"] = rng.choice([16, 32, 224])
+    return rng.choice([1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 64]), base
 
 
 def _device_hint(got: list[int], expected: list[int], max_devices: int, batch: int, rows: int) -> str:
@@ -553,93 +529,99 @@ def _same(got: Any, expected: Any) -> bool:
     return bool(got == expected)
 
 
-def _check_run(run: Mapping[str, Any], expected: Mapping[str, Any], where: str) -> None:
-    """Fail unless one planned run holds the right settings, with a hint naming the rule it breaks."""
+_RUN_RULES = {
+    "batch_size": "hold the per-device batch_size fixed: each device reads as much per step as on 1",
+    "global_batch_size": "global_batch_size = batch_size x devices: the batch all devices take in one step",
+    "steps_per_epoch": (
+        "steps_per_epoch = ceil(train_rows / global_batch_size): one pass over the data per epoch on any device count"
+    ),
+}
+
+
+def _run_problem(run: Mapping[str, Any], expected: Mapping[str, Any]) -> str | None:
+    """What is wrong with one planned run against ``plan_sweep``'s, naming the rule it breaks; None if nothing."""
     n = expected["devices"]
-    rules = [
-        ("batch_size", "hold the per-device batch_size fixed: each device reads as much per step as on 1"),
-        ("global_batch_size", "global_batch_size = batch_size x devices: the batch all devices take in one step"),
-        (
-            "steps_per_epoch",
-            "steps_per_epoch = ceil(train_rows / global_batch_size): one pass over the data "
-            "per epoch on any device count",
-        ),
-    ]
-    for key, hint in rules:
+    for key, hint in _RUN_RULES.items():
         got = run.get(key)
-        if got is None or whole_number(got, f"{where}: {key}") != expected[key]:
-            raise CheckFailed(f"{where}, {n} devices: {key} {got!r}, expected {expected[key]}: {hint}")
+        if not is_whole(got) or int(got) != expected[key]:
+            return f"has {key} {got!r} for devices={n}, expected {expected[key]}: {hint}"
     if not close(run.get("learning_rate"), expected["learning_rate"], 1e-6):
-        raise CheckFailed(
-            f"{where}, {n} devices: learning_rate {run.get('learning_rate')!r}, expected "
-            f"{expected['learning_rate']:.4g}: scale the 1-device rate linearly with the devices "
-            "(each step averages gradients over devices x more images)"
+        return (
+            f"has learning_rate {run.get('learning_rate')!r} for devices={n}, expected "
+            f"{expected['learning_rate']:.4g}: scale the 1-device rate linearly with the devices (each step averages "
+            "gradients over devices x more images)"
         )
     for key, value in expected.items():
-        if key in ("devices", "learning_rate") or key in dict(rules):
-            continue
-        if key not in run or not _same(run[key], value):
-            raise CheckFailed(
-                f"{where}, {n} devices: {key} {run.get(key, 'missing')!r}, expected {value!r}: keep "
-                "every other setting of base_settings (seed, data, early stopping) as it is"
+        if key not in ("devices", "learning_rate", *_RUN_RULES) and (key not in run or not _same(run[key], value)):
+            return (
+                f"has {key} {run.get(key, 'missing')!r} for devices={n}, expected {value!r}: keep every other setting "
+                "of base_settings (seed, data, early stopping) as it is"
             )
+    return None
 
 
-@register("5.1")
-def sweep_is_like_for_like(namespace) -> str:
-    """``sweep_plan(max_devices, base_settings)``: the runs of the sweep, compared with ``plan_sweep``.
-
-    Args:
-        namespace: the notebook's ``globals()``, holding ``sweep_plan``, and ``DEVICE_COUNTS`` and
-            ``base_settings`` if it has them; the answer runs on :func:`plan_cases` and on the lesson's sweep.
-
-    Returns:
-        The success message ``check`` shows (with the lesson's device counts when it has them).
-
-    Raises:
-        NotAttempted: ``sweep_plan`` is not defined, is a stub, or returns None.
-        CheckFailed: a plan is not a list or tuple of mappings that each hold a whole-number ``devices``; it changed
-            ``base_settings``; its device counts are not ``plan_sweep``'s; a run's ``batch_size``,
-            ``global_batch_size``, ``steps_per_epoch``, ``learning_rate`` or other setting differs from
-            ``plan_sweep``'s.
-        Delegated: the answer calls ``helpers.analysis.plan_sweep`` or ``helpers.loaders.steps_per_epoch``.
-        Exception: any other error from the answer or from using what it returned, unchanged (``check`` shows
-            it as a failure).
-    """
+def _plan_problem(case: tuple[int, dict[str, Any]], plan: Any, given: tuple) -> str | None:
+    """What is wrong with the answer's plan for ``case``, against ``plan_sweep``'s, or None: the settings it was
+    given left as they were, a list of dicts, the device counts, then each run's settings."""
     from helpers.analysis import plan_sweep
-    from helpers.loaders import steps_per_epoch
 
-    sweep_plan = require(namespace, "sweep_plan")
-    require_implemented(sweep_plan)
-    cases = [(m, base, "a made-up sweep") for m, base in plan_cases()]
+    max_devices, base = case
+    if given[1] != base:
+        return "changed base_settings: copy it for each run (dict(base_settings)) instead"
+    if not isinstance(plan, (list, tuple)) or not all(isinstance(run, Mapping) for run in plan):
+        return f"returned a {type(plan).__name__}: return a list of dicts, one per run"
+    if not all(is_whole(run.get("devices")) for run in plan):
+        return "has a run without a whole-number 'devices': give every run its device count"
+    plan = sorted(plan, key=lambda run: int(run["devices"]))
+    expected = plan_sweep(max_devices, base)
+    got, want = [int(run["devices"]) for run in plan], [run["devices"] for run in expected]
+    if got != want:
+        return f"has devices {got}, expected {want}: " + _device_hint(
+            got, want, max_devices, base["batch_size"], base["train_rows"]
+        )
+    return next(filter(None, map(_run_problem, plan, expected)), None)
+
+
+def _lessons_sweep(namespace: Mapping[str, Any]) -> list[Case]:
+    """The lesson's sweep (its largest device count and its ``base_settings``); none where the namespace has none."""
     counts, base = namespace.get("DEVICE_COUNTS"), namespace.get("base_settings")
-    if isinstance(base, dict) and counts:
-        cases.append((max(counts), dict(base), "the lesson's sweep"))
-    expected = [plan_sweep(m, base) for m, base, _ in cases]
-    with own_work(plan_sweep, steps_per_epoch):
-        for (max_devices, base, where), runs in zip(cases, expected):
-            given = dict(base)
-            plan = _plan_rows(sweep_plan(max_devices, given))
-            where = (
-                f"{where} (max_devices={max_devices}, batch_size={base['batch_size']}, train_rows={base['train_rows']})"
-            )
-            if given != base:
-                raise CheckFailed(
-                    f"{where}: sweep_plan changed base_settings: copy it for each run (dict(base_settings)) instead"
-                )
-            got = [int(run["devices"]) for run in plan]
-            want = [run["devices"] for run in runs]
-            if got != want:
-                hint = _device_hint(got, want, max_devices, base["batch_size"], base["train_rows"])
-                raise CheckFailed(f"{where}: devices {got}, expected {want}: {hint}")
-            for run, right in zip(plan, runs):
-                _check_run(run, right, where)
-    lesson = [run["devices"] for run in expected[-1]] if cases[-1][2] == "the lesson's sweep" else None
-    return (
-        f"right on {len(cases)} sweeps"
-        + (f"; this lesson runs devices {lesson}" if lesson else "")
-        + ": per-device batch fixed, learning rate x devices, one pass per epoch, everything else unchanged"
+    return [Case((max(counts), dict(base)))] if isinstance(base, dict) and counts else []
+
+
+def _lessons_devices(own: list[Case]) -> str:
+    """What the lesson's sweep showed: the device counts it runs."""
+    from helpers.analysis import plan_sweep
+
+    return f" and on the lesson's, which runs devices {[run['devices'] for run in plan_sweep(*own[0].args)]}"
+
+
+#: ``sweep_plan(max_devices, base_settings)``: the runs of the sweep, judged against ``plan_sweep`` on 10 drawn
+#: sweeps and the lesson's; calling ``plan_sweep`` or ``helpers.loaders.steps_per_epoch`` is delegating
+sweep_is_like_for_like = register("5.1")(
+    FunctionCheck(
+        "5.1",
+        answer="sweep_plan",
+        fixed=[],
+        draw=_draw_sweep,
+        draws=10,
+        judge=_plan_problem,
+        show=lambda case: (
+            f"{case[0]}, <base_settings with batch_size {case[1]['batch_size']}, train_rows {case[1]['train_rows']}>"
+        ),
+        forbid=("helpers.analysis:plan_sweep", "helpers.loaders:steps_per_epoch"),
+        from_namespace=_lessons_sweep,
+        hint=(
+            "device counts 1, 2, 4, ... and max_devices, each with a full batch; per run: batch_size fixed, "
+            "global_batch_size = batch_size x devices, learning_rate x devices, "
+            "steps_per_epoch = ceil(train_rows / global_batch_size), every other setting as given"
+        ),
+        passed=(
+            "right on {n} made-up sweeps (per-device batch fixed, learning rate x devices, one pass per epoch, "
+            "everything else unchanged)"
+        ),
+        passed_namespace=_lessons_devices,
     )
+)
 
 
 # --- 5.5 (stretch) the serial fraction --------------------------------------------------------------------------
@@ -661,65 +643,49 @@ def karp_flatt(speedup: float, devices: int) -> float:
     return (1 / speedup - 1 / devices) / (1 - 1 / devices)
 
 
-def serial_cases(seed: int = 56, count: int = 12) -> list[tuple[float, int]]:
-    """(speedup, devices) with devices >= 2: sub-linear, linear, super-linear and slower-than-one-device points.
-
-    Args:
-        seed: the seed of the generator; the same seed gives the same cases.
-        count: how many generated cases.
-
-    Returns:
-        4 fixed cases, ``count`` generated ones, then the first 3 again as numpy scalars.
-    """
-    import numpy as np
-
-    rng = random.Random(seed)
-    cases: list[tuple[Any, Any]] = [(1.6, 2), (2.0, 2), (3.1, 4), (0.8, 2)]
-    for _ in range(count):
-        n = rng.choice([2, 3, 4, 6, 8, 16, 64])
-        cases.append((round(n * rng.uniform(0.2, 1.1), 4), n))
-    return cases + [(np.float64(s), np.int64(n)) for s, n in cases[:3]]
+def _draw_point(rng: random.Random) -> tuple[float, int]:
+    """``(speedup, devices)``, devices >= 2, the speedup from a fifth of linear to a tenth above it."""
+    n = rng.choice([2, 3, 4, 6, 8, 16, 64])
+    return round(n * rng.uniform(0.2, 1.1), 4), n
 
 
-@register("5.5")
-def serial_fraction_measured(namespace) -> str:
-    """``serial_fraction(speedup, devices)``: the Karp-Flatt metric, on generated points and the lesson's runs.
-
-    Args:
-        namespace: the notebook's ``globals()``, holding ``serial_fraction``, and ``right`` (a table of the
-            lesson's runs with ``speedup`` and ``devices``) if it has one; the answer runs on
-            :func:`serial_cases`.
-
-    Returns:
-        The success message ``check`` shows; with ``right``, it gives the serial fraction of each device count's
-        median speedup in the lesson (computed here), and says that a fraction above 1 (a slowdown) is outside
-        Amdahl's model.
-
-    Raises:
-        NotAttempted: ``serial_fraction`` is not defined, is a stub, or returns None.
-        CheckFailed: a result is not the Karp-Flatt fraction.
-        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
-    """
-    serial_fraction = require(namespace, "serial_fraction")
-    require_implemented(serial_fraction)
-    for speedup, n in serial_cases():
-        got = returned(serial_fraction(speedup, n), "serial_fraction")
-        expected = karp_flatt(float(speedup), int(n))
-        if not close(got, expected, 1e-6):
-            raise CheckFailed(
-                f"serial_fraction({speedup}, {n}) = {got!r}, expected {expected:.4g} = "
-                "(1/speedup - 1/devices) / (1 - 1/devices)"
-            )
+def _lessons_speedups(namespace: Mapping[str, Any]) -> list[Case]:
+    """Each multi-device count's median speedup in the lesson's ``right`` table; none where it has no such table."""
     right = namespace.get("right")
     if not isinstance(right, pd.DataFrame) or not {"speedup", "devices"} <= set(right.columns):
-        return f"right on {len(serial_cases())} made-up points"
-    speedups = {int(n): float(s) for n, s in right.groupby("devices")["speedup"].median().items() if int(n) > 1}
-    measured = ", ".join(f"{n} devices {karp_flatt(s, n):.2f}" for n, s in speedups.items())
+        return []
+    medians = right.groupby("devices")["speedup"].median().items()
+    return [Case((float(s), int(n))) for n, s in medians if int(n) > 1]
+
+
+def _lessons_fractions(own: list[Case]) -> str:
+    """What the lesson's runs showed: each device count's serial fraction, and what one above 1 means."""
+    measured = ", ".join(f"{n} devices {karp_flatt(s, n):.2f}" for s, n in (case.args for case in own))
     slower = (
         " (above 1: those runs were slower than one device, which Amdahl's model, where the serial share is at most "
         "all of the work, cannot describe: the fraction says only that the overhead outgrew the work)"
-        if any(s < 1 for s in speedups.values())
+        if any(case.args[0] < 1 for case in own)
         else ""
     )
-    measured = measured or "no multi-device run"
-    return f"right; serial fraction of this lesson's runs (median speedups): {measured}{slower}"
+    return f"; serial fraction of this lesson's runs (median speedups): {measured}{slower}"
+
+
+_FIXED_POINTS = [(1.6, 2), (2.0, 2), (3.1, 4), (0.8, 2)]  # sub-linear, linear, super-linear, slower than 1 device
+
+#: ``serial_fraction(speedup, devices)``: the Karp-Flatt metric on fixed and drawn points (numpy numbers too) and
+#: on the median speedup of each of the lesson's device counts
+serial_fraction_measured = register("5.5")(
+    FunctionCheck(
+        "5.5",
+        answer="serial_fraction",
+        fixed=[*_FIXED_POINTS, *((np.float64(s), np.int64(n)) for s, n in _FIXED_POINTS[:3])],
+        draw=_draw_point,
+        draws=12,
+        reference=karp_flatt,
+        returns=Returns("a number", NUMBER.is_kind, lambda got, expected: close(got, expected, 1e-6)),
+        from_namespace=_lessons_speedups,
+        hint="(1/speedup - 1/devices) / (1 - 1/devices)",
+        passed="right on {n} made-up points",
+        passed_namespace=_lessons_fractions,
+    )
+)
