@@ -479,6 +479,19 @@ def test_a_declared_check_meets_the_namespace_s_own_cases_last_with_their_own_re
     )
 
 
+def test_a_declared_check_may_say_what_the_namespace_s_own_cases_showed():
+    def said(own: list[Case]) -> str:
+        return "; the runs halve to " + ", ".join(str(case.args[0] // 2) for case in own)
+
+    register("97.8")(_halves_check("97.8", from_namespace=_runs_in, passed_namespace=said))
+    floor = lambda n: n // 2  # noqa: E731
+    assert checks._run("97.8", {"half": floor}) == (PASSED, "halved 7 numbers")
+    assert checks._run("97.8", {"half": floor, "runs": [(8, None), (12, None)]}) == (
+        PASSED,
+        "halved 7 numbers; the runs halve to 4, 6",
+    )
+
+
 def test_a_judge_sees_the_case_as_given_and_the_objects_the_answer_was_given():
     def same_list_summed(case: tuple, got, given: tuple) -> str | None:
         if got is not given[0]:
