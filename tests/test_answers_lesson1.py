@@ -73,17 +73,33 @@ def label_known_classes(df):
     return df.withColumn("label", F.regexp_extract("path", r"(daisy|roses|tulips|digit_\d)", 1))
 
 
+def label_udf(df):
+    folder = F.udf(lambda path: path.rsplit("/", 2)[-2])
+    return df.withColumn("label", folder("path"))
+
+
+def label_some_rows(df):
+    return label_element_at(df).limit(6)
+
+
+def label_collected(df):
+    return {row["path"]: row["path"].split("/")[-2] for row in df.collect()}  # the labels, not a DataFrame
+
+
 def label_delegating(df):
     images, *_ = lake.read_images(df.sparkSession, "/data/flowers")
     return images
 
 
-@pytest.mark.parametrize("answer", [label_element_at, label_regexp, label_substring_index])
+@pytest.mark.parametrize("answer", [label_element_at, label_regexp, label_substring_index, label_udf])
 def test_1_1_right(answer):
     assert verdict("1.1", answer) == PASSED
 
 
-@pytest.mark.parametrize("answer", [label_unchanged, label_hard_coded, label_file_name, label_known_classes])
+@pytest.mark.parametrize(
+    "answer",
+    [label_unchanged, label_hard_coded, label_file_name, label_known_classes, label_some_rows, label_collected],
+)
 def test_1_1_wrong(answer):
     assert verdict("1.1", answer) == "failed"
 
@@ -259,6 +275,14 @@ def partitions_by_label(df, num_devices):
     return df.repartition(2 * num_devices, "label_index")
 
 
+def partitions_columns_dropped(df, num_devices):
+    return df.select("path", "label_index").repartition(2 * num_devices)
+
+
+def partitions_rows_twice(df, num_devices):
+    return df.union(df).repartition(2 * num_devices)
+
+
 def partitions_delegating(df, num_devices):
     return df.repartition(loaders.partitions_for(num_devices))
 
@@ -269,7 +293,15 @@ def test_1_5_right(answer):
 
 
 @pytest.mark.parametrize(
-    "answer", [partitions_constant, partitions_coalesce, partitions_one_per_device, partitions_by_label]
+    "answer",
+    [
+        partitions_constant,
+        partitions_coalesce,
+        partitions_one_per_device,
+        partitions_by_label,
+        partitions_columns_dropped,
+        partitions_rows_twice,
+    ],
 )
 def test_1_5_wrong(answer):
     assert verdict("1.5", answer) == "failed"

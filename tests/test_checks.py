@@ -492,6 +492,49 @@ def test_a_declared_check_may_say_what_the_namespace_s_own_cases_showed():
     )
 
 
+def test_a_declared_check_calls_with_arguments_made_from_the_case_and_judges_what_it_collects():
+    def doubled_problem(case: tuple, got, given: tuple) -> str | None:
+        if not isinstance(got, tuple):
+            return f"returned {type(got).__name__}: return a generator"
+        return None if got == tuple(2 * n for n in range(case[0])) else f"gave {got}: double each number"
+
+    check = FunctionCheck(
+        "97.7",
+        answer="doubled",
+        fixed=[(3,), (5,)],
+        arguments=lambda case: (iter(range(case[0])),),  # an iterator cannot be copied: made fresh for each call
+        collect=lambda got: tuple(got) if hasattr(got, "__next__") else got,  # run lazily, inside the tripwire
+        judge=doubled_problem,
+        show=lambda case: f"<iterator over {case[0]} numbers>",
+        hint="yield each number twice over",
+        passed="doubled {n} streams",
+    )
+    register("97.7")(check)
+    assert checks._run("97.7", {"doubled": lambda numbers: (2 * n for n in numbers)}) == (PASSED, "doubled 2 streams")
+    assert checks._run("97.7", {"doubled": lambda numbers: [2 * n for n in numbers]}) == (
+        FAILED,
+        "doubled(<iterator over 3 numbers>) returned list: return a generator",
+    )
+    assert checks._run("97.7", {"doubled": lambda numbers: (2 // (n - 1) for n in numbers)}) == (
+        FAILED,  # raised while the check collected it: the answer's error, with the hint
+        "doubled(<iterator over 3 numbers>) raised ZeroDivisionError: integer division or modulo by zero: "
+        "yield each number twice over",
+    )
+    with pytest.raises(TypeError, match="declare show= too"):
+        FunctionCheck("97.7", answer="doubled", fixed=[], arguments=tuple, judge=doubled_problem, hint="", passed="")
+
+
+def test_a_raised_error_shows_its_first_line_only():
+    def raises(values):
+        raise ValueError("no good\n  the plan, line by line\n  and more")
+
+    register("97.5")(_tail_check("97.5"))
+    assert checks._run("97.5", {"last": raises}) == (
+        FAILED,
+        "last([3, 1, 2]) raised ValueError: no good; expected 2: return the last item",
+    )
+
+
 def test_a_judge_sees_the_case_as_given_and_the_objects_the_answer_was_given():
     def same_list_summed(case: tuple, got, given: tuple) -> str | None:
         if got is not given[0]:

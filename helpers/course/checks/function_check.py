@@ -133,6 +133,12 @@ class FunctionCheck:
             would not say what matters.
         from_namespace: the cases the notebook's namespace gives (:class:`Case`, e.g. the lesson's runs), met after
             the others where the check is given the namespace; none where it finds none.
+        arguments: the arguments the answer is called with, made fresh from a case (a Spark DataFrame from its rows:
+            a case that cannot be copied, such as a DataFrame, is described instead); None: a deep copy of the case.
+            Declare ``show`` with it: the hint shows the case, not its arguments.
+        collect: what the judge, or the comparison with the reference, gets of a result that is not None, taken
+            right after the answer returns, inside the tripwire (a lazy DataFrame's rows): an error there is the
+            answer's, with the hint.
         passed_namespace: appended to ``passed`` where there were such cases; ``{m}`` is their number; or a function
             of those cases that says what they showed (the lesson's own numbers).
     """
@@ -151,6 +157,8 @@ class FunctionCheck:
     keywords: bool = False
     show: Callable[[tuple], str] | None = None
     from_namespace: Callable[[Mapping[str, Any]], list[Case]] | None = None
+    arguments: Callable[[tuple], tuple] | None = None
+    collect: Callable[[Any], Any] | None = None
     passed_namespace: str | Callable[[list[Case]], str] = ""
 
     def cases(self) -> list[tuple]:
@@ -186,6 +194,8 @@ class FunctionCheck:
             raise TypeError(f"check {self.exercise_id}: declare a reference or a judge, not both")
         if self.keywords and self.reference is None:
             raise TypeError(f"check {self.exercise_id}: keywords=True names the reference's parameters: declare one")
+        if self.arguments is not None and self.show is None:
+            raise TypeError(f"check {self.exercise_id}: arguments= makes the call from a case: declare show= too")
 
     def __call__(self, answer: Any) -> str:
         fn = require(answer, self.answer) if isinstance(answer, Mapping) else answer
@@ -197,11 +207,11 @@ class FunctionCheck:
         right = [self._expected(case.args, case.expected) for case in every]
         # the answer gets (and the judge sees) a copy of each case: an answer that changes its arguments changes
         # neither the case its hint shows nor the next call's
-        given = [copy.deepcopy(case) for case in cases]
+        given = [self.arguments(case) if self.arguments else copy.deepcopy(case) for case in cases]
         results: list[Any] = []
         with own_work(*named_helpers(*self.forbid)):
             for args in given:
-                results.append(_result(fn, args))
+                results.append(_result(fn, args, self.collect))
                 if isinstance(results[-1], _Raised):
                     break
         for case, args, expected, why, result in zip(cases, given, right, whys, results):
@@ -225,7 +235,7 @@ class FunctionCheck:
         if isinstance(got, _Raised):
             wanted = f"; expected {_shown(expected)}" if self.judge is None else ""
             raise CheckFailed(
-                f"{self.call(case)} raised {type(got.error).__name__}: {got.error}{wanted}: "
+                f"{self.call(case)} raised {type(got.error).__name__}: {_first_line(got.error)}{wanted}: "
                 f"{why or self._hint(case, got.error)}"
             ) from got.error
         returned(got, self.answer)
@@ -244,6 +254,12 @@ class FunctionCheck:
         return self.hint if isinstance(self.hint, str) else self.hint(case, got)
 
 
+def _first_line(error: Exception) -> str:
+    """An error's message up to its first line break (Spark's go on with the query plan)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
+
+
 @dataclass(frozen=True)
 class _Raised:
     """An error the answer raised on a case (the cases after it are not run)."""
@@ -251,10 +267,12 @@ class _Raised:
     error: Exception
 
 
-def _result(fn: Callable[..., Any], args: tuple) -> Any:
-    """``fn(*args)``, or the error it raised as a :class:`_Raised` (a check's own verdicts pass through)."""
+def _result(fn: Callable[..., Any], args: tuple, collect: Callable[[Any], Any] | None) -> Any:
+    """``fn(*args)`` (passed through ``collect`` unless None), or the error it raised as a :class:`_Raised` (a
+    check's own verdicts pass through)."""
     try:
-        return fn(*args)
+        result = fn(*args)
+        return collect(result) if collect is not None and result is not None else result
     except CheckFailed:
         raise
     except Exception as error:  # noqa: BLE001 - the learner's code may raise anything

@@ -75,45 +75,59 @@ def _class_names(rng: random.Random, count: int) -> list[str]:
     return sorted(names)
 
 
-@register("1.1")
-def label_from_path(label_column) -> str:
-    """``label_column(df)`` adds a ``label`` column: the name of the folder an image file sits in.
+class _Collected(dict):
+    """What a returned DataFrame held, collected by the check (a dict the answer returned is not one)."""
 
-    Args:
-        label_column: the answer, run on a DataFrame of file paths under made-up class folders and URI schemes.
 
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``label_column`` is still a stub.
-        CheckFailed: no active SparkSession; the result lacks the ``label`` or ``path`` column; a path got
-            another label than its folder's name.
-        Delegated: the answer calls ``lake.read_images`` or ``lake.ingest_images``.
-        Exception: any other error from the answer or from using what it returned, unchanged (``check`` shows
-            it as a failure).
-    """
-    require_implemented(label_column)
-    rng = random.Random(SEED)
+def _draw_paths(rng: random.Random) -> tuple[tuple[tuple[str, str], ...]]:
+    """``((path, class name), ...)``: 2 image files in each of 6 made-up class folders, under roots of several URI
+    schemes, with dots in a folder and upper-case extensions."""
     roots = ("file:/data/flowers", "dbfs:/mnt/lake/raw", "s3a://bucket/images/2024", "file:/tmp/a.b/c")
-    expected = {
-        f"{rng.choice(roots)}/{name}/{rng.randint(1, 9999)}{rng.choice(('.jpg', '.png', '.JPEG'))}": name
-        for name in _class_names(rng, 6)
-        for _ in range(2)
-    }
-    df = _spark().createDataFrame([(path, len(path)) for path in expected], ["path", "length"])
-    with own_work(lake.read_images, lake.ingest_images):
-        out = label_column(df)
-        if out is None or "label" not in out.columns or "path" not in out.columns:
-            raise CheckFailed("return df with a new column named 'label' (df.withColumn('label', ...))")
-        got = {row["path"]: row["label"] for row in out.select("path", "label").collect()}
-    if got != expected:
-        wrong = next(path for path in expected if got.get(path) != expected[path])
-        raise CheckFailed(
-            f"{wrong} got label {got.get(wrong)!r}, expected {expected[wrong]!r}: "
-            "take the name of the folder the file is in"
-        )
-    return "labels come from the class folder names"
+    return (
+        tuple(
+            (f"{rng.choice(roots)}/{name}/{rng.randint(1, 9999)}{rng.choice(('.jpg', '.png', '.JPEG'))}", name)
+            for name in _class_names(rng, 6)
+            for _ in range(2)
+        ),
+    )
+
+
+def _labels_by_path(out):
+    """The label a returned DataFrame gives each path; anything else as it is (the judge names it)."""
+    if not {"path", "label"} <= set(getattr(out, "columns", None) or ()):
+        return out
+    return _Collected((row["path"], row["label"]) for row in out.select("path", "label").collect())
+
+
+def _label_problem(case: tuple[tuple[tuple[str, str], ...]], got: object, _given: tuple) -> str | None:
+    """What is wrong with the labels the answer gave the case's paths, or None."""
+    if not isinstance(got, _Collected):
+        what = "a DataFrame without a 'path' and a 'label' column" if hasattr(got, "columns") else type(got).__name__
+        return f"returned {what}: return df with a new column named 'label' (df.withColumn('label', ...))"
+    wrong = next(((path, name) for path, name in case[0] if got.get(path) != name), None)
+    if wrong is None:
+        return None
+    return f"gave {wrong[0]} the label {got.get(wrong[0])!r}, expected {wrong[1]!r}: take the name of its folder"
+
+
+#: ``label_column(df)``: a ``label`` column holding the name of each image file's folder, on DataFrames of paths under
+#: 3 drawn sets of class folders; reading the images with ``lake`` is delegating
+label_from_path = register("1.1")(
+    FunctionCheck(
+        "1.1",
+        answer="label_column",
+        fixed=[],
+        draw=_draw_paths,
+        draws=3,
+        arguments=lambda case: (_spark().createDataFrame([(p, len(p)) for p, _ in case[0]], ["path", "length"]),),
+        collect=_labels_by_path,
+        judge=_label_problem,
+        show=lambda case: f"<DataFrame of {len(case[0])} image paths>",
+        forbid=("helpers.lake:read_images", "helpers.lake:ingest_images"),
+        hint="add a column named 'label': the name of the folder the file is in",
+        passed="labels come from the class folder names, on {n} DataFrames of paths",
+    )
+)
 
 
 def _sorted_indices(labels: list[str]) -> dict[str, int]:
@@ -199,46 +213,61 @@ validation_count_rule = register("1.4")(
 )
 
 
-@register("1.5")
-def repartition_rule(repartition_for_devices) -> str:
-    """``repartition_for_devices(df, num_devices)`` spreads ``df`` over 2 non-empty partitions per device.
-
-    Args:
-        repartition_for_devices: the answer, run on DataFrames of 150 to 2,000 rows for 1, 3 and 40 devices.
-
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``repartition_for_devices`` is still a stub.
-        CheckFailed: no active SparkSession; the rows are not in exactly ``2 * num_devices`` non-empty
-            partitions; a row was lost or duplicated.
-        Delegated: the answer calls ``loaders.partitions_for`` or ``loaders.prepare_data``.
-        Exception: any other error from the answer or from using what it returned, unchanged (``check`` shows
-            it as a failure).
-    """
+def _partitioned(case: tuple[int, int, int]) -> tuple[object, int]:
+    """A DataFrame of ``rows`` image rows in ``partitions`` partitions, and the device count: the answer's call."""
     from pyspark.sql import functions as F
 
-    require_implemented(repartition_for_devices)
-    spark = _spark()
-    for rows, partitions, devices in ((150, 1, 1), (500, 64, 3), (2000, 1, 40)):
-        label = (F.col("id") % 7).cast("int")
-        df = spark.range(rows, numPartitions=partitions).select(
-            "id", F.format_string("file:/lake/c%d/%d.png", label, "id").alias("path"), label.alias("label_index")
+    rows, partitions, devices = case
+    label = (F.col("id") % 7).cast("int")
+    df = _spark().range(rows, numPartitions=partitions)
+    return df.select(
+        "id", F.format_string("file:/lake/c%d/%d.png", label, "id").alias("path"), label.alias("label_index")
+    ), devices
+
+
+def _ids_by_partition(out):
+    """The row ids each partition of a returned DataFrame holds; anything else as it is (the judge names it)."""
+    from pyspark.sql import functions as F
+
+    if not hasattr(out, "select"):
+        return out
+    ids: dict[int, list[int]] = _Collected()
+    for row in out.select(F.spark_partition_id().alias("p"), "id").collect():
+        ids.setdefault(row["p"], []).append(row["id"])
+    return ids
+
+
+def _partitions_problem(case: tuple[int, int, int], got: object, _given: tuple) -> str | None:
+    """What is wrong with how the answer spread the case's rows, or None."""
+    rows, _, devices = case
+    if not isinstance(got, _Collected):
+        return f"returned {type(got).__name__}: return the DataFrame, repartitioned"
+    if len(got) != 2 * devices:
+        return (
+            f"put the rows in {len(got)} partition(s), expected {2 * devices} that all hold rows: "
+            "df.repartition(n) spreads them evenly"
         )
-        with own_work(loaders.partitions_for, loaders.prepare_data):
-            out = repartition_for_devices(df, devices)
-        rows_in = {}
-        for row in out.select(F.spark_partition_id().alias("p"), "id").collect():
-            rows_in.setdefault(row["p"], []).append(row["id"])
-        if len(rows_in) != 2 * devices:
-            raise CheckFailed(
-                f"{rows} rows for {devices} device(s) landed in {len(rows_in)} partitions, expected "
-                f"{2 * devices} that all hold rows: df.repartition(n) spreads them evenly"
-            )
-        if sorted(i for ids in rows_in.values() for i in ids) != list(range(rows)):
-            raise CheckFailed("repartitioning must keep every row exactly once")
-    return "2 non-empty partitions per device, for 1 to 40 devices"
+    if sorted(i for ids in got.values() for i in ids) != list(range(rows)):
+        return "lost or repeated rows: repartitioning must keep every row exactly once"
+    return None
+
+
+#: ``repartition_for_devices(df, num_devices)``: 2 non-empty partitions per device, every row once, for 1, 3 and 40
+#: devices; ``loaders.partitions_for`` and ``loaders.prepare_data`` would do it for the answer
+repartition_rule = register("1.5")(
+    FunctionCheck(
+        "1.5",
+        answer="repartition_for_devices",
+        fixed=[(150, 1, 1), (500, 64, 3), (2000, 1, 40)],
+        arguments=_partitioned,
+        collect=_ids_by_partition,
+        judge=_partitions_problem,
+        show=lambda case: f"<DataFrame of {case[0]} rows in {case[1]} partition(s)>, {case[2]}",
+        forbid=("helpers.loaders:partitions_for", "helpers.loaders:prepare_data"),
+        hint="df.repartition(2 * num_devices): 2 partitions per device, every row once",
+        passed="2 non-empty partitions per device, for 1 to 40 devices",
+    )
+)
 
 
 # --- Petastorm: a small converter of generated images, shared by the checks below -------------------------------
