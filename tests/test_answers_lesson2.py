@@ -9,6 +9,7 @@ import math
 
 import mlflow
 import numpy as np
+import pandas as pd
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -693,12 +694,42 @@ def best_client(experiment, tracking_uri):
     return min(runs, key=lambda r: r.data.metrics["val_loss"]).info.run_id
 
 
+def best_in_pandas(experiment, tracking_uri):
+    runs = MlflowClient(tracking_uri).search_runs(
+        [MlflowClient(tracking_uri).get_experiment_by_name(experiment).experiment_id]
+    )
+    table = pd.DataFrame(
+        [(r.info.run_id, r.info.status, r.data.metrics.get("val_loss")) for r in runs],
+        columns=["run_id", "status", "val_loss"],
+    )
+    finished = table[table["status"] == "FINISHED"].dropna()
+    return finished.loc[finished["val_loss"].idxmin(), "run_id"]
+
+
+def best_default_store(experiment, tracking_uri):
+    runs = mlflow.search_runs(  # the tracking URI it was given left unused: the notebook's store is searched
+        experiment_names=[experiment], filter_string="attributes.status = 'FINISHED'", order_by=["metrics.val_loss"]
+    )
+    return runs["run_id"].iloc[0]
+
+
+def best_run_object(experiment, tracking_uri):
+    client = MlflowClient(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    runs = client.search_runs(
+        [found.experiment_id], "attributes.status = 'FINISHED'", order_by=["metrics.val_loss ASC"], max_results=1
+    )
+    return runs[0]  # the Run, not its id
+
+
 def best_any_status(experiment, tracking_uri):
+    mlflow.set_tracking_uri(tracking_uri)
     runs = mlflow.search_runs(experiment_names=[experiment], order_by=["metrics.val_loss ASC"])
     return runs["run_id"].iloc[0]
 
 
 def best_descending(experiment, tracking_uri):
+    mlflow.set_tracking_uri(tracking_uri)
     runs = mlflow.search_runs(
         experiment_names=[experiment],
         filter_string="attributes.status = 'FINISHED'",
@@ -708,6 +739,7 @@ def best_descending(experiment, tracking_uri):
 
 
 def best_every_experiment(experiment, tracking_uri):
+    mlflow.set_tracking_uri(tracking_uri)
     runs = mlflow.search_runs(
         search_all_experiments=True, filter_string="attributes.status = 'FINISHED'", order_by=["metrics.val_loss ASC"]
     )
@@ -715,6 +747,7 @@ def best_every_experiment(experiment, tracking_uri):
 
 
 def best_latest(experiment, tracking_uri):
+    mlflow.set_tracking_uri(tracking_uri)
     return mlflow.search_runs(experiment_names=[experiment])["run_id"].iloc[0]
 
 
@@ -722,13 +755,22 @@ def best_hard_coded(experiment, tracking_uri):
     return "0123456789abcdef0123456789abcdef"
 
 
-@pytest.mark.parametrize("answer", [best_search, best_client])
+@pytest.mark.parametrize("answer", [best_search, best_client, best_in_pandas])
 def test_2_8_right(answer):
     assert verdict("2.8", answer) == "passed"
 
 
 @pytest.mark.parametrize(
-    "answer", [best_any_status, best_descending, best_every_experiment, best_latest, best_hard_coded]
+    "answer",
+    [
+        best_any_status,
+        best_descending,
+        best_every_experiment,
+        best_latest,
+        best_hard_coded,
+        best_default_store,
+        best_run_object,
+    ],
 )
 def test_2_8_wrong(answer):
     assert verdict("2.8", answer) == "failed"

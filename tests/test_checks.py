@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -27,7 +29,7 @@ from helpers.course.checks import (
     require,
     require_implemented,
 )
-from helpers.course.checks.function_check import Case, FunctionCheck
+from helpers.course.checks.function_check import Case, FunctionCheck, Returns
 
 
 @pytest.fixture(autouse=True)
@@ -522,6 +524,34 @@ def test_a_declared_check_calls_with_arguments_made_from_the_case_and_judges_wha
     )
     with pytest.raises(TypeError, match="declare show= too"):
         FunctionCheck("97.7", answer="doubled", fixed=[], arguments=tuple, judge=doubled_problem, hint="", passed="")
+
+
+def test_a_declared_check_runs_every_call_of_the_answer_in_its_context():
+    entered: list[str] = []
+
+    @contextlib.contextmanager
+    def around():
+        entered.append("in")
+        os.environ["COURSE_CHECK_AROUND"] = "set"
+        try:
+            yield
+        finally:
+            del os.environ["COURSE_CHECK_AROUND"]
+
+    register("97.4")(
+        FunctionCheck(
+            "97.4",
+            answer="env",
+            fixed=[("COURSE_CHECK_AROUND",), ("COURSE_CHECK_AROUND",)],
+            reference=lambda name: "set",
+            returns=Returns("a str", lambda got: isinstance(got, str), lambda got, expected: got == expected),
+            around=around,
+            hint="read it",
+            passed="read {n} times",
+        )
+    )
+    assert checks._run("97.4", {"env": lambda name: os.environ.get(name, "")}) == (PASSED, "read 2 times")
+    assert entered == ["in"] and "COURSE_CHECK_AROUND" not in os.environ
 
 
 def test_a_raised_error_shows_its_first_line_only():

@@ -25,6 +25,7 @@ import copy
 import numbers
 import random
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,6 +140,8 @@ class FunctionCheck:
         collect: what the judge, or the comparison with the reference, gets of a result that is not None, taken
             right after the answer returns, inside the tripwire (a lazy DataFrame's rows): an error there is the
             answer's, with the hint.
+        around: the context every call of the answer runs in, made fresh for each check (MLflow pointed at the
+            check's own store; a library's look at the cluster patched).
         passed_namespace: appended to ``passed`` where there were such cases; ``{m}`` is their number; or a function
             of those cases that says what they showed (the lesson's own numbers).
     """
@@ -159,6 +162,7 @@ class FunctionCheck:
     from_namespace: Callable[[Mapping[str, Any]], list[Case]] | None = None
     arguments: Callable[[tuple], tuple] | None = None
     collect: Callable[[Any], Any] | None = None
+    around: Callable[[], AbstractContextManager] | None = None
     passed_namespace: str | Callable[[list[Case]], str] = ""
 
     def cases(self) -> list[tuple]:
@@ -209,7 +213,7 @@ class FunctionCheck:
         # neither the case its hint shows nor the next call's
         given = [self.arguments(case) if self.arguments else copy.deepcopy(case) for case in cases]
         results: list[Any] = []
-        with own_work(*named_helpers(*self.forbid)):
+        with own_work(*named_helpers(*self.forbid)), self.around() if self.around else nullcontext():
             for args in given:
                 results.append(_result(fn, args, self.collect))
                 if isinstance(results[-1], _Raised):

@@ -724,50 +724,84 @@ def _log_runs(client, experiment_id: str, finals: list[float | None], statuses: 
     return ids
 
 
-@register("2.8")
-def best_run_check(best_run) -> str:
-    """Stretch: ``best_run(experiment, tracking_uri)``: the id of the finished run with the lowest val_loss.
+_FIXED_RUNS = (  # neither the first nor the latest run is the answer; a FAILED run is lower, so is one elsewhere
+    ((0.61, "FINISHED"), (0.12, "FAILED"), (0.34, "FINISHED"), (None, "FINISHED"), (1.27, "FINISHED")),
+    0.06,
+)
 
-    Args:
-        best_run: the answer, run on an experiment the check writes to a private MLflow store, with decoys: a
-            FAILED run with a lower val_loss, a run without val_loss, and a lower one in another experiment.
 
-    Returns:
-        The success message ``check`` shows.
+def _draw_experiment(rng: random.Random) -> tuple[tuple[tuple[float | None, str], ...], float]:
+    """``(runs, elsewhere)``: 3 to 7 runs of ``(final val_loss or None, status)`` with distinct losses, the lowest
+    one FAILED or KILLED, at least one finished with a val_loss; and a lower val_loss in another experiment."""
+    losses = sorted(rng.sample(range(100, 1500), rng.randint(3, 7)))
+    runs = [(losses[0] / 1000, rng.choice(["FAILED", "KILLED"]))]
+    runs += [(loss / 1000, rng.choice(["FINISHED", "FINISHED", "FAILED"])) for loss in losses[1:]]
+    runs[1] = (runs[1][0], "FINISHED")
+    runs += [(None, "FINISHED")] * rng.randint(0, 1)
+    rng.shuffle(runs)
+    return tuple(runs), losses[0] / 2000
 
-    Raises:
-        NotAttempted: ``best_run`` is still a stub.
-        CheckFailed: the result is not the ``run_id`` of the finished run with the lowest val_loss.
-        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
-    """
+
+def _experiment_of(case: tuple) -> tuple[str, str]:
+    """The case's runs written to a new experiment of the check's private store (and its decoy to another one):
+    ``(experiment name, tracking URI)``, the answer's call."""
     from mlflow.tracking import MlflowClient
 
-    require_implemented(best_run)
+    runs, elsewhere = case
     uri = _tracking_store()
     client = MlflowClient(uri)
     experiment, experiment_id = _new_experiment(client, "check-2.8")
-    _, elsewhere_id = _new_experiment(client, "check-2.8-other")
-    rng = random.Random(28)
-    low, best, middle, high = sorted(round(rng.uniform(0.1, 1.5), 4) for _ in range(4))
-    # created in an order where neither the first nor the latest run is the answer
-    ids = _log_runs(
-        client,
-        experiment_id,
-        [middle, low, best, None, high],
-        ["FINISHED", "FAILED", "FINISHED", "FINISHED", "FINISHED"],
+    _log_runs(client, experiment_id, [loss for loss, _ in runs], [status for _, status in runs])
+    _log_runs(client, _new_experiment(client, "check-2.8-other")[1], [elsewhere], ["FINISHED"])
+    return experiment, uri
+
+
+def _best_run_problem(case: tuple, got: object, given: tuple[str, str]) -> str | None:
+    """What is wrong with the run id the answer returned for the experiment ``given`` names, or None."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(given[1])
+    experiment_id = client.get_experiment_by_name(given[0]).experiment_id
+    finished = [r for r in client.search_runs([experiment_id]) if r.info.status == "FINISHED"]
+    best = min((r for r in finished if "val_loss" in r.data.metrics), key=lambda r: r.data.metrics["val_loss"])
+    if got == best.info.run_id:
+        return None
+    if not isinstance(got, str):
+        return f"returned a {type(got).__name__}: return the run's id, a str (run.info.run_id)"
+    try:
+        run = client.get_run(got)
+    except MlflowException:
+        return f"returned {got!r}, no run of this store: return the run_id of a run the search found"
+    if run.info.experiment_id != experiment_id:
+        return "returned a run of another experiment: search only the experiment given"
+    if run.info.status != "FINISHED":
+        return f"returned a run that ended {run.info.status}: keep only finished runs (attributes.status = 'FINISHED')"
+    return (
+        f"returned the run with val_loss {run.data.metrics.get('val_loss')}, expected the lowest "
+        f"({best.data.metrics['val_loss']}): order by metrics.val_loss ASC"
     )
-    elsewhere = _log_runs(client, elsewhere_id, [low / 2], ["FINISHED"])[0]
-    with _isolated_mlflow(uri):
-        got = best_run(experiment, uri)
-    if got == ids[2]:
-        return "the finished run with the lowest val_loss, found with MLflow's search"
-    hints = {
-        ids[1]: "that run FAILED: keep only finished runs (attributes.status = 'FINISHED')",
-        elsewhere: "that run is in another experiment: search only the experiment given",
-        ids[4]: "that run has the highest val_loss: order by metrics.val_loss ASC",
-    }
-    raise CheckFailed(
-        hints.get(
-            str(got), f"got {got!r}: return the run_id of the finished run with the lowest val_loss in the experiment"
-        )
+
+
+#: Stretch, ``best_run(experiment, tracking_uri)``: the id of the finished run with the lowest val_loss, in an
+#: experiment the check writes to its private MLflow store with decoys (a lower FAILED or KILLED run, a run without
+#: val_loss, a lower one in another experiment)
+best_run_check = register("2.8")(
+    FunctionCheck(
+        "2.8",
+        answer="best_run",
+        fixed=[_FIXED_RUNS],
+        draw=_draw_experiment,
+        draws=2,
+        arguments=_experiment_of,
+        # MLflow pointed at an empty store while the answer runs: an answer must use the tracking_uri it is given
+        around=lambda: _isolated_mlflow(f"sqlite:///{tempfile.mkdtemp(prefix='course-check-2.8-')}/empty.db"),
+        judge=_best_run_problem,
+        show=lambda case: f"<experiment of {len(case[0])} runs>, <the check's tracking URI>",
+        hint=(
+            "search the experiment's finished runs in the store at tracking_uri, ordered by metrics.val_loss ASC, "
+            "and return the first one's run_id"
+        ),
+        passed="the finished run with the lowest val_loss, found with MLflow's search, in {n} experiments",
     )
+)
