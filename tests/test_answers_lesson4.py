@@ -251,6 +251,21 @@ def layout_swapped(num_processes, local_mode):
     return layout_plain(num_processes, not local_mode)
 
 
+def layout_read_only(num_processes, local_mode):
+    import types
+
+    nodes = 1 if local_mode else num_processes
+    return types.MappingProxyType({"num_nodes": nodes, "devices": num_processes // nodes})
+
+
+def layout_workers_always(num_processes, local_mode):
+    return {"devices": 1, "num_nodes": num_processes}  # local_mode ignored
+
+
+def layout_with_strategy(num_processes, local_mode):
+    return {**layout_plain(num_processes, local_mode), "strategy": "ddp"}  # more than the layout asked for
+
+
 @pytest.mark.parametrize(
     "make, layout, expected",
     [
@@ -266,6 +281,9 @@ def layout_swapped(num_processes, local_mode):
         (distributor_on_the_driver, layout_plain, "failed"),
         (distributor_two, layout_plain, "failed"),
         (distributor_plain, layout_swapped, "failed"),
+        (distributor_plain, layout_read_only, "passed"),
+        (distributor_plain, layout_workers_always, "failed"),
+        (distributor_plain, layout_with_strategy, "failed"),
     ],
 )
 def test_4_2_distributor_and_layout(spark, make, layout, expected):

@@ -29,7 +29,7 @@ from helpers.course.checks import (
     require,
     require_implemented,
 )
-from helpers.course.checks.function_check import Case, FunctionCheck, Returns
+from helpers.course.checks.function_check import Case, FunctionCheck, FunctionChecks, Returns
 
 
 @pytest.fixture(autouse=True)
@@ -552,6 +552,17 @@ def test_a_declared_check_runs_every_call_of_the_answer_in_its_context():
     )
     assert checks._run("97.4", {"env": lambda name: os.environ.get(name, "")}) == (PASSED, "read 2 times")
     assert entered == ["in"] and "COURSE_CHECK_AROUND" not in os.environ
+
+
+def test_an_exercise_of_two_functions_is_checked_one_after_the_other():
+    register("97.3")(FunctionChecks((_halves_check("97.3"), _tail_check("97.3"))))
+    floor, last = (lambda n: n // 2), (lambda values: values[-1])  # noqa: E731
+    assert checks._run("97.3", {"half": floor, "last": last}) == (PASSED, "halved 7 numbers; last of 3 lists")
+    assert checks._run("97.3", {"half": floor, "last": lambda values: values[0]}) == (
+        FAILED,
+        "last([3, 1, 2]) = 3, expected 2: return the last item",
+    )
+    assert checks._run("97.3", {"half": floor})[0] == NOT_ATTEMPTED  # the second function not written yet
 
 
 def test_a_raised_error_shows_its_first_line_only():

@@ -40,7 +40,7 @@ from helpers.course.checks import (
     returned,
 )
 
-__all__ = ["NUMBER", "WHOLE", "Case", "FunctionCheck", "Returns"]
+__all__ = ["NUMBER", "WHOLE", "Case", "FunctionCheck", "FunctionChecks", "Returns"]
 
 
 @dataclass(frozen=True)
@@ -256,6 +256,21 @@ class FunctionCheck:
 
     def _hint(self, case: tuple, got: Any) -> str:
         return self.hint if isinstance(self.hint, str) else self.hint(case, got)
+
+
+@dataclass(frozen=True)
+class FunctionChecks:
+    """An exercise that asks for several functions: each one's declared check in turn, on the notebook's namespace
+    (the first that fails gives the verdict); the success messages joined with ``"; "``."""
+
+    parts: tuple[FunctionCheck, ...]
+
+    def check_functions(self) -> tuple[Any, ...]:
+        """Every part's own code (see :meth:`FunctionCheck.check_functions`)."""
+        return tuple(code for part in self.parts for code in part.check_functions())
+
+    def __call__(self, namespace: Mapping[str, Any]) -> str:
+        return "; ".join(part(namespace) for part in self.parts)
 
 
 def _first_line(error: Exception) -> str:

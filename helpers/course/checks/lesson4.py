@@ -9,14 +9,23 @@ import os
 import random
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from helpers.course.checks import CannotCheck, CheckFailed, close, own_work, register, require, whole_number
-from helpers.course.checks.function_check import FunctionCheck
+from helpers.course.checks import (
+    CannotCheck,
+    CheckFailed,
+    close,
+    is_whole,
+    own_work,
+    register,
+    require,
+    whole_number,
+)
+from helpers.course.checks.function_check import FunctionCheck, FunctionChecks, Returns
 from helpers.course.checks.ranks import FitStopped, check_dir, rank_report, recorded_fits, recorded_job, torchrun_env
 from helpers.logs import logger_levels
 
@@ -153,12 +162,6 @@ def launch_on_workers_check(namespace) -> str:
 # ---------------------------------------------------------------------------------------------------------- 4.2
 
 
-def _layout_helpers() -> tuple[Any, ...]:
-    from helpers.distributor import ddp_layout, make_distributor
-
-    return ddp_layout, make_distributor
-
-
 def distributor_cases(seed: int = 42) -> list[tuple[int, int]]:
     """``(workers, gpus_per_worker)`` clusters for 4.2: CPUs only, one GPU per worker, a random cluster of 3 to 6
     workers with a different number of 3 to 8 GPUs each (no sum, count or product of the two stands in for another)
@@ -169,87 +172,80 @@ def distributor_cases(seed: int = 42) -> list[tuple[int, int]]:
     return [(2, 0), (1, 1), (workers, gpus), (rng.randint(3, 6), 0)]
 
 
-def _judge_distributor(make_torch_distributor, workers: int, gpus: int) -> None:
-    """The TorchDistributor planned for ``workers`` workers of ``gpus`` GPUs: one process per GPU, or per worker."""
+def _distributor_problem(case: tuple[int, int], distributor: Any, _given: tuple) -> str | None:
+    """What is wrong with the TorchDistributor planned for ``case``'s cluster: one process per GPU, or per worker,
+    on the workers; None if nothing."""
     from pyspark.ml.torch.distributor import TorchDistributor
 
-    call = f"make_torch_distributor({workers}, {gpus})"
-    distributor = make_torch_distributor(workers, gpus)
+    workers, gpus = case
     if not isinstance(distributor, TorchDistributor):
-        raise CheckFailed(f"{call} returned {distributor!r}, not a TorchDistributor")
+        return f"returned {distributor!r}, not a TorchDistributor"
     if distributor.local_mode:
-        raise CheckFailed(f"{call} has local_mode=True: that starts every process on the driver; the workers need "
-                          "local_mode=False")  # fmt: skip
+        return "has local_mode=True: that starts every process on the driver; the workers need local_mode=False"
     machines = f"{workers} worker{'s' if workers > 1 else ''}"
     cluster = f"{machines} with {gpus} GPU{'s' if gpus > 1 else ''} each" if gpus else f"{machines} without GPUs"
     expected = workers * gpus if gpus else workers
     if distributor.num_processes != expected:
         rule = f"one process per GPU ({workers} x {gpus})" if gpus else "one process per worker"
-        raise CheckFailed(
-            f"{call} has num_processes={distributor.num_processes}, expected {expected} for {cluster}: {rule}"
-        )
+        return f"has num_processes={distributor.num_processes}, expected {expected} for {cluster}: {rule}"
     if distributor.use_gpu != (gpus > 0):
-        raise CheckFailed(
-            f"{call} has use_gpu={distributor.use_gpu}: "
-            + ("give each process its own GPU (use_gpu=True)" if gpus else "there is no GPU to use (use_gpu=False)")
+        return f"has use_gpu={distributor.use_gpu}: " + (
+            "give each process its own GPU (use_gpu=True)" if gpus else "there is no GPU to use (use_gpu=False)"
         )
+    return None
 
 
-@register("4.2")
-def torch_distributor_setup(namespace) -> str:
-    """``make_torch_distributor(workers, gpus_per_worker)``: a job planned from the cluster it runs on;
-    ``trainer_layout`` for DDP under it.
-
-    Args:
-        namespace: the notebook's ``globals()``, holding ``make_torch_distributor`` and ``trainer_layout``; nothing
-            is launched, and ``use_gpu=True`` is accepted on any cluster here.
-
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``make_torch_distributor`` or ``trainer_layout`` is not defined, or is a stub.
-        CheckFailed: a result is not a ``TorchDistributor`` on the workers (``local_mode=False``) with one process
-            per GPU (one per worker without GPUs) and ``use_gpu`` where there are GPUs, for the clusters of
-            :func:`distributor_cases`; ``trainer_layout`` does not return exactly ``devices`` and ``num_nodes``
-            for the mode.
-        Delegated: the answer calls ``helpers.distributor.ddp_layout`` or ``make_distributor``.
-        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
-    """
+def _any_cluster():
+    """TorchDistributor checks the cluster's GPUs when it is made: let it accept use_gpu=True on any cluster here."""
     from pyspark.ml.torch.distributor import Distributor
 
-    make_torch_distributor, trainer_layout = require(namespace, "make_torch_distributor", "trainer_layout")
-    rng = random.Random(43)
-    # TorchDistributor checks the cluster's GPUs when it is made: let it accept use_gpu=True on any cluster here
-    with own_work(*_layout_helpers()), mock.patch.object(Distributor, "_get_num_tasks", lambda d: d.num_processes):
-        for workers, gpus in distributor_cases():
-            _judge_distributor(make_torch_distributor, workers, gpus)
-        for processes in (1, 2, rng.randint(3, 16)):
-            for local_mode in (False, True):
-                _check_layout(trainer_layout, processes, local_mode)
-    return (
-        "one process per GPU (or per worker) on the workers; devices=1, num_nodes=N there and devices=N, "
-        "num_nodes=1 locally"
+    return mock.patch.object(Distributor, "_get_num_tasks", lambda distributor: distributor.num_processes)
+
+
+def _layout(num_processes: int, local_mode: bool) -> dict[str, int]:
+    """DDP's layout under TorchDistributor: one node of N devices locally, N nodes of one device on workers."""
+    return {"devices": num_processes, "num_nodes": 1} if local_mode else {"devices": 1, "num_nodes": num_processes}
+
+
+def _same_layout(got: Any, expected: dict[str, int]) -> bool:
+    return len(got) == len(expected) and all(is_whole(got.get(key)) and got[key] == n for key, n in expected.items())
+
+
+#: ``make_torch_distributor(workers, gpus_per_worker)``, a job planned from the cluster it runs on, and
+#: ``trainer_layout(num_processes, local_mode)`` for DDP under it; nothing is launched
+torch_distributor_setup = register("4.2")(
+    FunctionChecks(
+        (
+            FunctionCheck(
+                "4.2",
+                answer="make_torch_distributor",
+                fixed=distributor_cases(),
+                judge=_distributor_problem,
+                around=_any_cluster,
+                forbid=("helpers.distributor:make_distributor", "helpers.distributor:ddp_layout"),
+                hint="TorchDistributor(num_processes=..., local_mode=False, use_gpu=...): one process per GPU",
+                passed="one process per GPU (or per worker) on the workers",
+            ),
+            FunctionCheck(
+                "4.2",
+                answer="trainer_layout",
+                fixed=[(processes, local) for processes in (1, 2) for local in (False, True)],
+                draw=lambda rng: (rng.randint(3, 16), rng.random() < 0.5),
+                draws=4,
+                reference=_layout,
+                returns=Returns("a dict of devices and num_nodes", lambda got: isinstance(got, Mapping), _same_layout),
+                keywords=True,
+                forbid=("helpers.distributor:ddp_layout",),
+                hint=lambda case, got: (
+                    "torchrun starts them all on one node (the driver)"
+                    if case[1]
+                    else "every Spark task is a node with one process"
+                ),
+                passed="devices=1, num_nodes=N there and devices=N, num_nodes=1 locally",
+            ),
+        )
     )
-
-
-def _check_layout(trainer_layout, processes: int, local_mode: bool) -> None:
-    """``trainer_layout(processes, local_mode)`` is one node of N devices locally, N nodes of one device on workers."""
-    expected = {"devices": processes, "num_nodes": 1} if local_mode else {"devices": 1, "num_nodes": processes}
-    got = trainer_layout(processes, local_mode)
-    try:
-        same = {k: whole_number(got[k], k) for k in expected} == expected and len(got) == 2
-    except (TypeError, KeyError, IndexError, CheckFailed):
-        same = False
-    if not same:
-        where = (
-            "torchrun starts them all on one node (the driver)"
-            if local_mode
-            else "every Spark task is a node with one process"
-        )
-        raise CheckFailed(
-            f"trainer_layout({processes}, local_mode={local_mode}) = {got!r}, expected {expected}: {where}"
-        )
+)
 
 
 # ---------------------------------------------------------------------------------------------------------- 4.4
