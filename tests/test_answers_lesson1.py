@@ -673,6 +673,14 @@ def converter_constant_files(df, num_devices):
     return make_spark_converter(df.select(TRAIN_COLUMNS).repartition(4))
 
 
+def converter_lesson_s_two_files(df, num_devices):
+    return make_spark_converter(df.select(TRAIN_COLUMNS).repartition(2))  # the lesson's 1 device, whatever is asked
+
+
+def converter_sampled(df, num_devices):
+    return make_spark_converter(df.select(TRAIN_COLUMNS).limit(100).repartition(2 * num_devices))
+
+
 def converter_dataframe(df, num_devices):
     return df.select(TRAIN_COLUMNS).repartition(2 * num_devices)
 
@@ -687,7 +695,15 @@ def test_1_6_right(answer):
 
 
 @pytest.mark.parametrize(
-    "answer", [converter_all_columns, converter_not_repartitioned, converter_constant_files, converter_dataframe]
+    "answer",
+    [
+        converter_all_columns,
+        converter_not_repartitioned,
+        converter_constant_files,
+        converter_dataframe,
+        converter_lesson_s_two_files,
+        converter_sampled,
+    ],
 )
 def test_1_6_wrong(answer):
     assert verdict("1.6", answer) == "failed"

@@ -645,46 +645,43 @@ def restore_after_bad_write(restore_last_good) -> str:
     return "finds the last good version in the history and makes it current, keeping the history"
 
 
-@register("1.6")
-def converter_for_devices(to_converter) -> str:
-    """``to_converter(df, num_devices)``: a Petastorm converter of the training columns in 2 files per device.
-
-    Args:
-        to_converter: the answer, run on the sample DataFrame (the lake's columns) for 1 and 3 devices.
-
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``to_converter`` is still a stub.
-        CheckFailed: no active SparkSession; the result is not a ``SparkDatasetConverter``; it does not hold
-            every row, is not in ``2 * num_devices`` Parquet files, or holds columns other than
-            ``loaders.TRAIN_COLUMNS``.
-        Delegated: the answer calls ``loaders.prepare_data``.
-        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
-    """
+def _converter_problem(case: tuple[int], converter: object, _given: tuple) -> str | None:
+    """What is wrong with the converter made for ``case``'s device count: every row, the training columns only, in
+    2 Parquet files per device; None if nothing."""
     import pyarrow.parquet as pq
     from petastorm.spark import SparkDatasetConverter
 
-    require_implemented(to_converter)
-    df = _sample_df()
-    for devices in (1, 3):
-        with own_work(loaders.prepare_data):
-            converter = to_converter(df, devices)
-        if not isinstance(converter, SparkDatasetConverter):
-            raise CheckFailed(f"return the converter from make_spark_converter, got {type(converter).__name__}")
-        if len(converter) != SAMPLE_ROWS:
-            raise CheckFailed(f"the converter holds {len(converter)} of {SAMPLE_ROWS} rows: convert the whole df")
-        files = converter.file_urls
-        if len(files) != 2 * devices:
-            raise CheckFailed(
-                f"{devices} device(s) got {len(files)} Parquet files, expected {2 * devices}: "
-                "repartition to 2 per device before converting"
-            )
-        columns = pq.read_schema(urlparse(files[0]).path).names
-        if sorted(columns) != sorted(loaders.TRAIN_COLUMNS):
-            raise CheckFailed(f"the converter holds columns {columns}: select only {loaders.TRAIN_COLUMNS}")
-    return "the training columns, 2 Parquet files per device, every row"
+    (devices,) = case
+    if not isinstance(converter, SparkDatasetConverter):
+        return f"returned a {type(converter).__name__}: return the converter from make_spark_converter"
+    if len(converter) != SAMPLE_ROWS:
+        return f"holds {len(converter)} of {SAMPLE_ROWS} rows: convert the whole df"
+    files = converter.file_urls
+    if len(files) != 2 * devices:
+        return (
+            f"wrote {len(files)} Parquet files, expected {2 * devices}: repartition to 2 per device before converting"
+        )
+    columns = pq.read_schema(urlparse(files[0]).path).names
+    if sorted(columns) != sorted(loaders.TRAIN_COLUMNS):
+        return f"holds the columns {columns}: select only {loaders.TRAIN_COLUMNS}"
+    return None
+
+
+#: ``to_converter(df, num_devices)``: a Petastorm converter of the training columns in 2 Parquet files per device,
+#: for 1 and 3 devices, on the sample DataFrame (the lake's columns); ``loaders.prepare_data`` would do it
+converter_for_devices = register("1.6")(
+    FunctionCheck(
+        "1.6",
+        answer="to_converter",
+        fixed=[(1,), (3,)],
+        arguments=lambda case: (_sample_df(), case[0]),
+        judge=_converter_problem,
+        show=lambda case: f"<DataFrame of {SAMPLE_ROWS} images with the lake's columns>, {case[0]}",
+        forbid=("helpers.loaders:prepare_data",),
+        hint="select the training columns, repartition to 2 per device, then make_spark_converter",
+        passed="the training columns, 2 Parquet files per device, every row",
+    )
+)
 
 
 class _CountingConverter:
