@@ -500,11 +500,13 @@ def test_a_declared_check_calls_with_arguments_made_from_the_case_and_judges_wha
             return f"returned {type(got).__name__}: return a generator"
         return None if got == tuple(2 * n for n in range(case[0])) else f"gave {got}: double each number"
 
+    made, cleaned = [], []
     check = FunctionCheck(
         "97.7",
         answer="doubled",
         fixed=[(3,), (5,)],
-        arguments=lambda case: (iter(range(case[0])),),  # an iterator cannot be copied: made fresh for each call
+        arguments=lambda case: (made.append(case[0]) or iter(range(case[0])),),  # made fresh for each call
+        cleanup=lambda given: cleaned.append(given),
         collect=lambda got: tuple(got) if hasattr(got, "__next__") else got,  # run lazily, inside the tripwire
         judge=doubled_problem,
         show=lambda case: f"<iterator over {case[0]} numbers>",
@@ -513,6 +515,7 @@ def test_a_declared_check_calls_with_arguments_made_from_the_case_and_judges_wha
     )
     register("97.7")(check)
     assert checks._run("97.7", {"doubled": lambda numbers: (2 * n for n in numbers)}) == (PASSED, "doubled 2 streams")
+    assert made == [3, 5] and len(cleaned) == 2  # what was made for each call is undone once it is judged
     assert checks._run("97.7", {"doubled": lambda numbers: [2 * n for n in numbers]}) == (
         FAILED,
         "doubled(<iterator over 3 numbers>) returned list: return a generator",

@@ -140,6 +140,7 @@ class FunctionCheck:
         collect: what the judge, or the comparison with the reference, gets of a result that is not None, taken
             right after the answer returns, inside the tripwire (a lazy DataFrame's rows): an error there is the
             answer's, with the hint.
+        cleanup: undoes what ``arguments`` made for a call (a table written for it), once the check has judged.
         around: the context every call of the answer runs in, made fresh for each check (MLflow pointed at the
             check's own store; a library's look at the cluster patched).
         passed_namespace: appended to ``passed`` where there were such cases; ``{m}`` is their number; or a function
@@ -163,6 +164,7 @@ class FunctionCheck:
     arguments: Callable[[tuple], tuple] | None = None
     collect: Callable[[Any], Any] | None = None
     around: Callable[[], AbstractContextManager] | None = None
+    cleanup: Callable[[tuple], None] | None = None
     passed_namespace: str | Callable[[list[Case]], str] = ""
 
     def cases(self) -> list[tuple]:
@@ -212,19 +214,29 @@ class FunctionCheck:
         # the answer gets (and the judge sees) a copy of each case: an answer that changes its arguments changes
         # neither the case its hint shows nor the next call's
         given = [self.arguments(case) if self.arguments else copy.deepcopy(case) for case in cases]
+        try:
+            results = self._results(fn, given)
+            for case, args, expected, why, result in zip(cases, given, right, whys, results):
+                self._judge(case, args, expected, result, why)
+        finally:
+            for args in given if self.cleanup else ():
+                self.cleanup(args)
+        message = self.passed.format(n=len(cases) - len(own))
+        if not own:
+            return message
+        said = self.passed_namespace
+        return message + (said(own) if callable(said) else said.format(m=len(own)))
+
+    def _results(self, fn: Callable[..., Any], given: list[tuple]) -> list[Any]:
+        """What the answer returned (or raised) for each of ``given``, up to the first error, called inside the
+        tripwire and the check's context."""
         results: list[Any] = []
         with own_work(*named_helpers(*self.forbid)), self.around() if self.around else nullcontext():
             for args in given:
                 results.append(_result(fn, args, self.collect))
                 if isinstance(results[-1], _Raised):
                     break
-        for case, args, expected, why, result in zip(cases, given, right, whys, results):
-            self._judge(case, args, expected, result, why)
-        message = self.passed.format(n=len(cases) - len(own))
-        if not own:
-            return message
-        said = self.passed_namespace
-        return message + (said(own) if callable(said) else said.format(m=len(own)))
+        return results
 
     def _expected(self, case: tuple, known: Any) -> Any:
         """The right result of ``case``: ``known`` where the case brought it, else the reference's; None for a

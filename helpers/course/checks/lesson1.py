@@ -19,8 +19,8 @@ import tempfile
 from collections.abc import Mapping
 from urllib.parse import urlparse
 
-from helpers import lake, loaders
-from helpers.course.checks import CheckFailed, is_whole, own_work, register, require_implemented, whole_number
+from helpers import loaders
+from helpers.course.checks import CheckFailed, is_whole, own_work, register, require_implemented
 from helpers.course.checks.function_check import FunctionCheck, Returns
 from helpers.workdir import work_path
 
@@ -572,77 +572,93 @@ def _paths(path: str, version: int | None = None) -> list[str]:
     return sorted(DeltaTable(path, version=version).to_pyarrow_table(columns=["path"])["path"].to_pylist())
 
 
-def _restoring(restore_last_good, path: str, classes: list[str], newest_is_good: bool):
-    """The answer's result; delta-rs's refusal to restore the current version becomes the hint for that case."""
-    try:
-        return restore_last_good(path, classes)
-    except Exception as error:
-        if newest_is_good and "should be less the" in str(error):
-            raise CheckFailed(
-                f"{type(error).__name__}: {error}: when the newest version already holds every class there is "
-                "nothing to restore (delta-rs refuses to restore the current version): return its number"
-            ) from None
-        raise
+def _written(writes, version: int) -> list[str]:
+    """The paths version ``version`` of a table holds after ``writes``, replayed (overwrite replaces, append adds)."""
+    rows: list[str] = []
+    for mode, written in writes[: version + 1]:
+        rows = (rows if mode == "append" else []) + [path for path, _ in written]
+    return sorted(rows)
 
 
-@register("1.3")
-def restore_after_bad_write(restore_last_good) -> str:
-    """``restore_last_good(table_path, class_names)`` makes the last version with every class current again.
+def _histories() -> list[tuple[list[tuple[str, list]], int, list[str]]]:
+    """``(writes, last good version, class names in a shuffled order)``: the four histories 1.3 is checked on."""
+    rng = random.Random(SEED)
+    histories = _damaged_histories(rng)
+    return [
+        (writes, good, sorted({label for _, label in writes[0][1]}, key=lambda _: rng.random()))
+        for writes, good in histories
+    ]
 
-    Args:
-        restore_last_good: the answer, run on four Delta tables the check writes (under the work directory),
-            each with a different history of good and bad writes (in one, the newest version is good).
 
-    Returns:
-        The success message ``check`` shows.
+def _damaged_table(case: tuple) -> tuple[str, list[str]]:
+    """The case's history written to a new Delta table under the work directory: ``(path, class names)``."""
+    folder = work_path("checks")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = tempfile.mkdtemp(prefix="check-1.3-", dir=folder)
+    _write_history(path, case[0])
+    return path, list(case[2])
 
-    Raises:
-        NotAttempted: ``restore_last_good`` is still a stub.
-        CheckFailed: the table has no new version (when a bad one is newest), or the answer tried to restore the
-            current version (when it is good); the current version does not hold exactly the last good
-            version's rows; the bad versions left the history; the result is not the number of the version
-            restored.
-        Delegated: the answer calls ``lake.read_table``, ``lake.write_table``, ``lake.table_history`` or
-            ``lake.ingest_images``.
-        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
-    """
+
+def _restore_hint(case: tuple, got: object) -> str:
+    """The hint; for delta-rs's refusal to restore the current version, where the newest version is good, why."""
+    writes, good_version, _ = case
+    if good_version == len(writes) - 1 and "should be less the" in str(got):
+        return (
+            "when the newest version already holds every class there is nothing to restore (delta-rs refuses to "
+            "restore the current version): return its number"
+        )
+    return "look through the history from the newest version down, restore the last one with every class"
+
+
+def _restore_problem(case: tuple, got: object, given: tuple[str, list[str]]) -> str | None:
+    """What is wrong with the table at ``given``'s path after the answer, and with the version it returned."""
     from deltalake import DeltaTable
 
-    require_implemented(restore_last_good)
-    rng = random.Random(SEED)
-    folder = work_path("checks")
-    folder.mkdir(exist_ok=True)
-    for writes, good_version in _damaged_histories(rng):
-        path = tempfile.mkdtemp(prefix="check-1.3-", dir=folder)
-        try:
-            _write_history(path, writes)
-            last = len(writes) - 1
-            good, damaged = _paths(path, good_version), _paths(path, last)
-            classes = sorted({label for _, label in writes[0][1]}, key=lambda _: rng.random())
-            with own_work(lake.read_table, lake.write_table, lake.table_history, lake.ingest_images):
-                restored_from = _restoring(restore_last_good, path, classes, newest_is_good=good_version == last)
-            table = DeltaTable(path)
-            if table.version() <= last and good_version < last:
-                raise CheckFailed(
-                    "the table has no new version: restore the good version as a new commit "
-                    "(DeltaTable.restore, or write_deltalake with mode='overwrite')"
-                )
-            if _paths(path) != good:
-                raise CheckFailed(
-                    f"after {len(writes)} writes the last version with all {len(classes)} classes is "
-                    f"{good_version}, but the current table does not hold exactly its rows: look "
-                    "through the history from the newest version down"
-                )
-            if _paths(path, last) != damaged:
-                raise CheckFailed("the versions in the history must stay as they were: restore with a new commit")
-            got = whole_number(restored_from, "restore_last_good")
-            if got != good_version:
-                raise CheckFailed(
-                    f"returned {got}, but restored version {good_version}: return the version you restored"
-                )
-        finally:
-            shutil.rmtree(path, ignore_errors=True)
-    return "finds the last good version in the history and makes it current, keeping the history"
+    writes, good_version, classes = case
+    last = len(writes) - 1
+    try:
+        version = DeltaTable(given[0]).version()
+    except Exception:  # noqa: BLE001 - whatever delta-rs raises for a table that is gone
+        return "left no Delta table at table_path: restore the table in place"
+    if version <= last and good_version < last:
+        return (
+            "made no new version: restore the good version as a new commit (DeltaTable.restore, or write_deltalake "
+            "with mode='overwrite')"
+        )
+    if _paths(given[0]) != _written(writes, good_version):
+        return (
+            f"left a table that does not hold exactly the rows of version {good_version}, the last with all "
+            f"{len(classes)} classes: look through the history from the newest version down"
+        )
+    if _paths(given[0], last) != _written(writes, last):
+        return "changed the versions in the history: they must stay as they were, restore with a new commit"
+    if not is_whole(got) or int(got) != good_version:
+        return f"returned {got!r}, but restored version {good_version}: return the number of the version restored"
+    return None
+
+
+#: ``restore_last_good(table_path, class_names)``: the last version with every class made current again, as a new
+#: commit, on four Delta tables written for the check (in one, the newest version is good); the lake's helpers
+#: would do it for the answer
+restore_after_bad_write = register("1.3")(
+    FunctionCheck(
+        "1.3",
+        answer="restore_last_good",
+        fixed=_histories(),
+        arguments=_damaged_table,
+        cleanup=lambda given: shutil.rmtree(given[0], ignore_errors=True),
+        judge=_restore_problem,
+        show=lambda case: f"<Delta table after {len(case[0])} writes>, {case[2]}",
+        forbid=(
+            "helpers.lake:read_table",
+            "helpers.lake:write_table",
+            "helpers.lake:table_history",
+            "helpers.lake:ingest_images",
+        ),
+        hint=_restore_hint,
+        passed="finds the last good version in the history and makes it current, keeping the history ({n} tables)",
+    )
+)
 
 
 def _converter_problem(case: tuple[int], converter: object, _given: tuple) -> str | None:
