@@ -137,9 +137,9 @@ class FunctionCheck:
         arguments: the arguments the answer is called with, made fresh from a case (a Spark DataFrame from its rows:
             a case that cannot be copied, such as a DataFrame, is described instead); None: a deep copy of the case.
             Declare ``show`` with it: the hint shows the case, not its arguments.
-        collect: what the judge, or the comparison with the reference, gets of a result that is not None, taken
-            right after the answer returns, inside the tripwire (a lazy DataFrame's rows): an error there is the
-            answer's, with the hint.
+        collect: ``collect(result, case)``, what the judge, or the comparison with the reference, gets of a result
+            that is not None, taken right after the answer returns, inside the tripwire (a lazy DataFrame's rows, a
+            batch read through a returned spec): an error there is the answer's, with the hint.
         cleanup: undoes what ``arguments`` made for a call (a table written for it), once the check has judged.
         around: the context every call of the answer runs in, made fresh for each check (MLflow pointed at the
             check's own store; a library's look at the cluster patched).
@@ -162,7 +162,7 @@ class FunctionCheck:
     show: Callable[[tuple], str] | None = None
     from_namespace: Callable[[Mapping[str, Any]], list[Case]] | None = None
     arguments: Callable[[tuple], tuple] | None = None
-    collect: Callable[[Any], Any] | None = None
+    collect: Callable[[Any, tuple], Any] | None = None
     around: Callable[[], AbstractContextManager] | None = None
     cleanup: Callable[[tuple], None] | None = None
     passed_namespace: str | Callable[[list[Case]], str] = ""
@@ -215,7 +215,7 @@ class FunctionCheck:
         # neither the case its hint shows nor the next call's
         given = [self.arguments(case) if self.arguments else copy.deepcopy(case) for case in cases]
         try:
-            results = self._results(fn, given)
+            results = self._results(fn, cases, given)
             for case, args, expected, why, result in zip(cases, given, right, whys, results):
                 self._judge(case, args, expected, result, why)
         finally:
@@ -227,13 +227,13 @@ class FunctionCheck:
         said = self.passed_namespace
         return message + (said(own) if callable(said) else said.format(m=len(own)))
 
-    def _results(self, fn: Callable[..., Any], given: list[tuple]) -> list[Any]:
-        """What the answer returned (or raised) for each of ``given``, up to the first error, called inside the
-        tripwire and the check's context."""
+    def _results(self, fn: Callable[..., Any], cases: list[tuple], given: list[tuple]) -> list[Any]:
+        """What the answer returned (or raised) for each of ``given`` (made from ``cases``), up to the first error,
+        called inside the tripwire and the check's context."""
         results: list[Any] = []
         with own_work(*named_helpers(*self.forbid)), self.around() if self.around else nullcontext():
-            for args in given:
-                results.append(_result(fn, args, self.collect))
+            for case, args in zip(cases, given):
+                results.append(_result(fn, args, self.collect, case))
                 if isinstance(results[-1], _Raised):
                     break
         return results
@@ -298,12 +298,12 @@ class _Raised:
     error: Exception
 
 
-def _result(fn: Callable[..., Any], args: tuple, collect: Callable[[Any], Any] | None) -> Any:
-    """``fn(*args)`` (passed through ``collect`` unless None), or the error it raised as a :class:`_Raised` (a
-    check's own verdicts pass through)."""
+def _result(fn: Callable[..., Any], args: tuple, collect: Callable[[Any, tuple], Any] | None, case: tuple) -> Any:
+    """``fn(*args)`` (passed through ``collect`` with its ``case`` unless it is None), or the error it raised as a
+    :class:`_Raised` (a check's own verdicts pass through)."""
     try:
         result = fn(*args)
-        return collect(result) if collect is not None and result is not None else result
+        return collect(result, case) if collect is not None and result is not None else result
     except CheckFailed:
         raise
     except Exception as error:  # noqa: BLE001 - the learner's code may raise anything

@@ -92,7 +92,7 @@ def _draw_paths(rng: random.Random) -> tuple[tuple[tuple[str, str], ...]]:
     )
 
 
-def _labels_by_path(out):
+def _labels_by_path(out, case: tuple):
     """The label a returned DataFrame gives each path; anything else as it is (the judge names it)."""
     if not {"path", "label"} <= set(getattr(out, "columns", None) or ()):
         return out
@@ -225,7 +225,7 @@ def _partitioned(case: tuple[int, int, int]) -> tuple[object, int]:
     ), devices
 
 
-def _ids_by_partition(out):
+def _ids_by_partition(out, case: tuple):
     """The row ids each partition of a returned DataFrame holds; anything else as it is (the judge names it)."""
     from pyspark.sql import functions as F
 
@@ -352,32 +352,33 @@ def _expected_pixels(label_index: int):
     return (colour - torch.tensor(loaders.IMAGENET_MEAN)) / torch.tensor(loaders.IMAGENET_STD)
 
 
-def _check_image_batch(batch, image_size: int, batch_size: int) -> None:
-    """``batch`` holds float32 CHW images of the sample colours, ImageNet-normalised, and int64 labels."""
+def _image_batch_problem(batch: Mapping, image_size: int, batch_size: int) -> str | None:
+    """What is wrong with ``batch``: float32 CHW images of the sample colours, ImageNet-normalised, and int64 labels
+    are right (None)."""
     import torch
 
-    if not isinstance(batch, Mapping) or not {"features", "label_index"} <= set(batch):
-        keys = sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__
-        raise CheckFailed(f"batches hold {keys}: the transform must add 'features' and keep 'label_index'")
+    if not {"features", "label_index"} <= set(batch):
+        return f"gave batches that hold {sorted(batch)}: the transform must add 'features' and keep 'label_index'"
     features, labels = batch["features"], batch["label_index"]
     expected_shape = (batch_size, 3, image_size, image_size)
     if tuple(features.shape) != expected_shape:
-        raise CheckFailed(
-            f"features of shape {tuple(features.shape)}, expected {expected_shape}: RGB, "
-            f"image_size x image_size, channels first (CHW), and edit_fields to match"
+        return (
+            f"gave features of shape {tuple(features.shape)}, expected {expected_shape}: RGB, image_size x "
+            "image_size, channels first (CHW), and edit_fields to match"
         )
     if features.dtype != torch.float32 or labels.dtype != torch.int64:
-        raise CheckFailed(
-            f"dtypes {features.dtype} / {labels.dtype}, expected torch.float32 / torch.int64: "
-            "declare them in edit_fields (np.float32, np.int64) and convert in the function"
+        return (
+            f"gave dtypes {features.dtype} / {labels.dtype}, expected torch.float32 / torch.int64: declare them in "
+            "edit_fields (np.float32, np.int64) and convert in the function"
         )
     expected = torch.stack([_expected_pixels(int(k)) for k in labels])[:, :, None, None].expand(expected_shape)
     error = float((features - expected).abs().max())
     if error > PIXEL_TOLERANCE:
-        raise CheckFailed(
-            f"pixel values off by up to {error:.2f} on solid-colour test images: convert to RGB, scale "
-            "to [0, 1], then subtract IMAGENET_MEAN and divide by IMAGENET_STD per channel (R, G, B)"
+        return (
+            f"gave pixel values off by up to {error:.2f} on solid-colour test images: convert to RGB, scale to "
+            "[0, 1], then subtract IMAGENET_MEAN and divide by IMAGENET_STD per channel (R, G, B)"
         )
+    return None
 
 
 LOADER_HINTS = {
@@ -391,55 +392,64 @@ LOADER_HINTS = {
 }
 
 
+def _loader_fix(error: object) -> str | None:
+    """The fix for an error Petastorm raised while reading batches through the answer's spec, if it is a known one."""
+    return next((hint for text, hint in LOADER_HINTS.items() if text in str(error)), None)
+
+
 def _loader_hint(error: Exception) -> str:
     """A one-line hint for an error Petastorm raised while reading batches through the answer's spec."""
-    hint = next((hint for text, hint in LOADER_HINTS.items() if text in str(error)), None)
-    return f"{type(error).__name__}: {error}" + (f": {hint}" if hint else "")
+    fix = _loader_fix(error)
+    return f"{type(error).__name__}: {error}" + (f": {fix}" if fix else "")
 
 
-def _first_batch(converter, spec, batch_size: int):
-    with converter.make_torch_dataloader(
-        batch_size=batch_size, num_epochs=1, transform_spec=spec, workers_count=2
-    ) as loader:
-        return next(iter(loader))
+class _Batch(dict):
+    """The first batch read through a returned spec, by the check (a dict the answer returned is not one)."""
 
 
-@register("1.7")
-def own_transform_spec(transform_spec) -> str:
-    """``transform_spec(image_size)``: a Petastorm TransformSpec that decodes ``content`` into normalised tensors.
-
-    Args:
-        transform_spec: the answer; its spec reads the sample converter of solid-colour images at two image and
-            batch sizes.
-
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``transform_spec`` is still a stub.
-        CheckFailed: no active SparkSession; the result is not a ``TransformSpec``; Petastorm raised a
-            ``TypeError`` or ``ValueError`` reading through it (with a hint); a batch has the wrong keys, shape,
-            dtypes or pixel values.
-        Delegated: the answer calls ``loaders.image_transform_spec``, ``loaders.decode_image`` or
-            ``loaders.make_loader``.
-        Exception: any other error from the answer or from reading through its spec, unchanged (``check``
-            shows it as a failure).
-    """
+def _batch_through(spec: object, case: tuple[int, int]):
+    """The first batch of ``case[1]`` sample rows read through ``spec`` if it is a TransformSpec; else ``spec``."""
     from petastorm import TransformSpec
 
-    require_implemented(transform_spec)
-    converter = _sample_converter()
-    for image_size, batch_size in ((12, 6), (27, 16)):
-        with own_work(loaders.image_transform_spec, loaders.decode_image, loaders.make_loader):
-            spec = transform_spec(image_size)
-            if not isinstance(spec, TransformSpec):
-                raise CheckFailed(f"return a petastorm TransformSpec, got {type(spec).__name__}")
-            try:
-                batch = _first_batch(converter, spec, batch_size)
-            except (TypeError, ValueError) as error:
-                raise CheckFailed(_loader_hint(error)) from error
-        _check_image_batch(batch, image_size, batch_size)
-    return "RGB, resized, float32 CHW, ImageNet-normalised, int64 labels, at any image size"
+    if not isinstance(spec, TransformSpec):
+        return spec
+    with _sample_converter().make_torch_dataloader(
+        batch_size=case[1], num_epochs=1, transform_spec=spec, workers_count=2
+    ) as loader:
+        return _Batch(next(iter(loader)))
+
+
+def _spec_call(case: tuple[int, int]) -> tuple[int]:
+    """The answer's call for ``case``: its image size; the sample converter is made first, outside the answer's
+    work (a failure to make it is the check's, not the learner's)."""
+    _sample_converter()
+    return (case[0],)
+
+
+def _spec_problem(case: tuple[int, int], got: object, _given: tuple) -> str | None:
+    if not isinstance(got, _Batch):
+        return f"returned a {type(got).__name__}: return a petastorm TransformSpec"
+    return _image_batch_problem(got, *case)
+
+
+#: ``transform_spec(image_size)``: a Petastorm TransformSpec that decodes ``content`` into normalised tensors, read
+#: (inside the tripwire: the spec runs there) through the sample converter of solid-colour images at two image and
+#: batch sizes
+own_transform_spec = register("1.7")(
+    FunctionCheck(
+        "1.7",
+        answer="transform_spec",
+        fixed=[(12, 6), (27, 16)],
+        arguments=_spec_call,
+        collect=_batch_through,
+        judge=_spec_problem,
+        show=lambda case: str(case[0]),
+        forbid=("helpers.loaders:image_transform_spec", "helpers.loaders:decode_image", "helpers.loaders:make_loader"),
+        hint=lambda case, got: _loader_fix(got)
+        or "decode 'content' to RGB at image_size, float32 CHW and ImageNet-normalised, 'label_index' as int64",
+        passed="RGB, resized, float32 CHW, ImageNet-normalised, int64 labels, at any image size",
+    )
+)
 
 
 def _read_shard(shard_loader, converter, shard: int, shard_count: int, batch_size: int) -> list[int]:
