@@ -828,6 +828,15 @@ class StepsHardCodedLength(StepsFromOneReader):
         return 3
 
 
+class StepsEndless(StepsFromOneReader):
+    """Wrong: every iteration goes on until the reader stops, which it never does (num_epochs=None)."""
+
+    def __iter__(self):
+        if self._batches is None:
+            self._batches = iter(self._context.__enter__())
+        yield from self._batches
+
+
 class StepsDelegating(loaders.PetastormBatches):
     """Delegating: the course's helper does the work."""
 
@@ -840,7 +849,9 @@ def test_1_9_right(answer):
     assert verdict("1.9", answer) == PASSED
 
 
-@pytest.mark.parametrize("answer", [StepsFreshEachEpoch, StepsOnePass, StepsUnsharded, StepsHardCodedLength])
+@pytest.mark.parametrize(
+    "answer", [StepsFreshEachEpoch, StepsOnePass, StepsUnsharded, StepsHardCodedLength, StepsEndless]
+)
 def test_1_9_wrong(answer):
     assert verdict("1.9", answer) == "failed"
 

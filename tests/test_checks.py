@@ -568,6 +568,36 @@ def test_an_exercise_of_two_functions_is_checked_one_after_the_other():
     assert checks._run("97.3", {"half": floor})[0] == NOT_ATTEMPTED  # the second function not written yet
 
 
+def test_a_class_with_a_method_still_a_stub_is_not_attempted():
+    class Square:
+        def __init__(self, side):
+            self.side = side
+
+        def area(self): ...
+
+    class Written(Square):
+        def area(self):
+            return self.side**2
+
+    register("97.2")(
+        FunctionCheck(
+            "97.2",
+            answer="Square",
+            fixed=[(3,)],
+            collect=lambda square, case: square.area(),
+            reference=lambda side: side**2,
+            methods=("__init__", "area"),
+            hint="multiply the side by itself",
+            passed="{n} areas",
+        )
+    )
+    assert checks._run("97.2", {"Square": Square}) == (
+        NOT_ATTEMPTED,
+        "test_a_class_with_a_method_still_a_stub_is_not_attempted.<locals>.Square.area is not written yet",
+    )
+    assert checks._run("97.2", {"Square": Written}) == (PASSED, "1 areas")
+
+
 def test_a_raised_error_shows_its_first_line_only():
     def raises(values):
         raise ValueError("no good\n  the plan, line by line\n  and more")

@@ -140,6 +140,7 @@ class FunctionCheck:
         collect: ``collect(result, case)``, what the judge, or the comparison with the reference, gets of a result
             that is not None, taken right after the answer returns, inside the tripwire (a lazy DataFrame's rows, a
             batch read through a returned spec): an error there is the answer's, with the hint.
+        methods: for an exercise that asks for a class, the methods it must write: one still a stub is not attempted.
         cleanup: undoes what ``arguments`` made for a call (a table written for it), once the check has judged.
         around: the context every call of the answer runs in, made fresh for each check (MLflow pointed at the
             check's own store; a library's look at the cluster patched).
@@ -165,6 +166,7 @@ class FunctionCheck:
     collect: Callable[[Any, tuple], Any] | None = None
     around: Callable[[], AbstractContextManager] | None = None
     cleanup: Callable[[tuple], None] | None = None
+    methods: Sequence[str] = ()
     passed_namespace: str | Callable[[list[Case]], str] = ""
 
     def cases(self) -> list[tuple]:
@@ -205,7 +207,7 @@ class FunctionCheck:
 
     def __call__(self, answer: Any) -> str:
         fn = require(answer, self.answer) if isinstance(answer, Mapping) else answer
-        require_implemented(fn)
+        require_implemented(fn, *(getattr(fn, name, None) for name in self.methods))
         own = self.from_namespace(answer) if self.from_namespace and isinstance(answer, Mapping) else []
         every = [Case(args) for args in self.cases()] + own
         cases, whys = [case.args for case in every], [case.why for case in every]

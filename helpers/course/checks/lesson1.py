@@ -17,6 +17,7 @@ import random
 import shutil
 import tempfile
 from collections.abc import Mapping
+from typing import Any
 from urllib.parse import urlparse
 
 from helpers import loaders
@@ -731,73 +732,95 @@ class _CountingConverter:
         return len(self._converter)
 
 
-def _epochs(batches, epochs: int, batch_size: int, steps: int) -> list[int]:
-    """The row ids of ``epochs`` iterations of ``batches``, each of which must be ``steps`` full batches."""
-    stream: list[int] = []
-    for epoch in range(epochs):
-        ids = [batch["row_id"].tolist() for batch in batches]
-        sizes = [len(batch) for batch in ids]
+@functools.lru_cache(maxsize=8)
+def _shard_ids(shard: int, shard_count: int) -> frozenset[int]:
+    """The row ids of one shard of the sample converter, read straight through Petastorm."""
+    with _sample_converter().make_torch_dataloader(
+        batch_size=SAMPLE_ROWS,
+        num_epochs=1,
+        transform_spec=_ids_spec(),
+        cur_shard=shard,
+        shard_count=shard_count,
+        workers_count=2,
+    ) as loader:
+        return frozenset(row_id for batch in loader for row_id in batch["row_id"].tolist())
+
+
+def _steps_call(case: tuple[int, int, int, int]) -> tuple:
+    """``FixedStepBatches``'s arguments for ``case`` (``shard, shard_count, batch_size, steps``), with a converter
+    that counts the loaders opened through it; the shard's rows are read first, outside the answer's work."""
+    shard, shard_count, batch_size, steps = case
+    _shard_ids(shard, shard_count)
+    return _CountingConverter(_sample_converter()), _ids_spec(), batch_size, steps, shard, shard_count
+
+
+class _Epochs(dict):
+    """What the check read from an answer's batches: ``length`` (its ``len()``), each epoch's batch sizes and the
+    row ids of every epoch in turn."""
+
+
+def _read_epochs(batches: Any, case: tuple[int, int, int, int]) -> Any:
+    """Two passes' worth of epochs of ``batches`` (at most one batch too many each), closed afterwards."""
+    shard, shard_count, batch_size, steps = case
+    if not hasattr(batches, "__iter__"):
+        return batches
+    epochs = -(-2 * len(_shard_ids(shard, shard_count)) // (batch_size * steps))
+    read = _Epochs(length=len(batches), sizes=[], stream=[])
+    try:
+        for _ in range(epochs):
+            ids = [batch["row_id"].tolist() for batch in itertools.islice(iter(batches), steps + 1)]
+            read["sizes"].append([len(batch) for batch in ids])
+            read["stream"] += [row_id for batch in ids for row_id in batch]
+    finally:
+        batches.close()
+    return read
+
+
+def _epochs_problem(case: tuple[int, int, int, int], got: Any, given: tuple) -> str | None:
+    """What is wrong with the epochs the answer's batches gave for ``case``, or None."""
+    shard, shard_count, batch_size, steps = case
+    if not isinstance(got, _Epochs):
+        return "made an object that cannot be iterated: define __iter__, yielding steps_per_epoch batches each time"
+    if got["length"] != steps:
+        return f"has len() {got['length']}, expected steps_per_epoch={steps}: Lightning asks it"
+    for epoch, sizes in enumerate(got["sizes"]):
         if sizes != [batch_size] * steps:
-            raise CheckFailed(
-                f"epoch {epoch} yielded batches of {sizes} rows, expected {steps} of {batch_size}: "
-                "keep one loader with num_epochs=None open across epochs"
+            fix = (
+                "stop each iteration after steps_per_epoch batches"
+                if len(sizes) > steps
+                else "keep one loader with num_epochs=None open across epochs"
             )
-        stream += [row_id for batch in ids for row_id in batch]
-    return stream
+            return f"yielded batches of {sizes} rows in epoch {epoch}, expected {steps} of {batch_size}: {fix}"
+    epochs, opened = len(got["sizes"]), given[0].opened
+    if opened > 1:
+        return f"opened {opened} loaders in {epochs} epochs: open one (num_epochs=None), go on where the last stopped"
+    expected, stream = _shard_ids(shard, shard_count), set(got["stream"])
+    if stream != expected:
+        return (
+            f"read {len(stream & expected)} of the {len(expected)} rows of shard {shard} of {shard_count} in two "
+            f"passes' worth of batches, and {len(stream - expected)} from elsewhere: pass cur_shard and shard_count"
+        )
+    return None
 
 
-@register("1.9")
-def epochs_of_fixed_steps(FixedStepBatches) -> str:
-    """``FixedStepBatches(converter, spec, batch_size, steps_per_epoch, cur_shard, shard_count)``: every epoch
-    yields ``steps_per_epoch`` full batches from one loader that stays open, going on through the shard.
-
-    Args:
-        FixedStepBatches: the answer's class, run for two passes' worth of epochs on shard 0 of 1 and on shard
-            1 of 2 of the sample converter.
-
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``__init__``, ``__iter__`` or ``close`` is still a stub.
-        CheckFailed: no active SparkSession; ``len()`` is not ``steps_per_epoch``; an epoch is not
-            ``steps_per_epoch`` batches of ``batch_size`` rows; it opened more than one loader; the epochs do
-            not read exactly the shard's rows.
-        Delegated: the answer calls ``loaders.PetastormBatches`` or ``loaders.make_loader``.
-        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
-    """
-    require_implemented(FixedStepBatches.__init__, FixedStepBatches.__iter__, FixedStepBatches.close)
-    spec = _ids_spec()
-    for shard, shard_count, batch_size, steps in ((0, 1, 8, 3), (1, 2, 5, 2)):
-        converter = _CountingConverter(_sample_converter())
-        with converter.make_torch_dataloader(
-            batch_size=SAMPLE_ROWS,
-            num_epochs=1,
-            transform_spec=spec,
-            cur_shard=shard,
-            shard_count=shard_count,
-            workers_count=2,
-        ) as loader:
-            shard_ids = {row_id for batch in loader for row_id in batch["row_id"].tolist()}
-        converter.opened = 0
-        epochs = -(-2 * len(shard_ids) // (batch_size * steps))  # two passes over the shard
-        with own_work(loaders.PetastormBatches, loaders.make_loader):
-            batches = FixedStepBatches(converter, spec, batch_size, steps, cur_shard=shard, shard_count=shard_count)
-            try:
-                if len(batches) != steps:
-                    raise CheckFailed(f"len() is {len(batches)}, expected steps_per_epoch={steps}: Lightning asks it")
-                stream = _epochs(batches, epochs, batch_size, steps)
-            finally:
-                batches.close()
-        if converter.opened > 1:
-            raise CheckFailed(
-                f"{epochs} epochs opened {converter.opened} loaders: open one (num_epochs=None) and "
-                "go on where the last epoch stopped"
-            )
-        if set(stream) != shard_ids:
-            raise CheckFailed(
-                f"two passes' worth of batches hold {len(set(stream) & shard_ids)} of the "
-                f"{len(shard_ids)} rows of shard {shard} of {shard_count}, and "
-                f"{len(set(stream) - shard_ids)} from elsewhere: pass cur_shard and shard_count"
-            )
-    return "every epoch has the same number of full batches, from one loader that goes on through the shard"
+#: Stretch, ``FixedStepBatches(converter, spec, batch_size, steps_per_epoch, cur_shard, shard_count)``: every epoch
+#: yields ``steps_per_epoch`` full batches from one loader that stays open, going on through the shard; read for two
+#: passes' worth of epochs on shard 0 of 1 and shard 1 of 2 of the sample converter
+epochs_of_fixed_steps = register("1.9")(
+    FunctionCheck(
+        "1.9",
+        answer="FixedStepBatches",
+        fixed=[(0, 1, 8, 3), (1, 2, 5, 2)],
+        arguments=_steps_call,
+        collect=_read_epochs,
+        judge=_epochs_problem,
+        methods=("__init__", "__iter__", "close"),
+        show=lambda case: (
+            f"<converter of {SAMPLE_ROWS} rows>, <spec>, {case[2]}, {case[3]}, cur_shard={case[0]}, "
+            f"shard_count={case[1]}"
+        ),
+        forbid=("helpers.loaders:PetastormBatches", "helpers.loaders:make_loader"),
+        hint="open one loader with num_epochs=None and yield steps_per_epoch of its batches per iteration",
+        passed="every epoch has the same number of full batches, from one loader that goes on through the shard",
+    )
+)
