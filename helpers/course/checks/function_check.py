@@ -17,6 +17,13 @@ Where no single right result exists (a config, a table), a ``judge`` of the case
 instead of a reference: ``zero_config_for(2, 32, 2, 1, 0.02) has zero_optimization.stage=1, expected 2``. An error of
 the reference or the judge is the check's own (``check`` reports it as a bug of the course). The corpus in
 ``tests/`` reads :meth:`FunctionCheck.cases`, the very cases the learner's answer meets.
+
+Where a case cannot be handed over as it is, the declaration says how the call is made and what is judged:
+``arguments`` makes the call from a case (a Spark DataFrame, a Delta table written for it; ``cleanup`` removes it
+afterwards), ``collect`` takes what the judge needs of a lazy result while it is still the answer's work (a
+DataFrame's rows, batches read through a returned spec), ``around`` is the context every call runs in (MLflow pointed
+at an empty store), ``methods`` names what a class must define. An exercise that asks for several functions is
+:class:`FunctionChecks`, one declaration per function.
 """
 
 from __future__ import annotations
