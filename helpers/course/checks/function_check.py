@@ -192,6 +192,9 @@ class FunctionCheck:
             self.show,
             self.from_namespace,
             self.passed_namespace,
+            self.arguments,
+            self.cleanup,
+            self.around,
         )
         return tuple(part for part in parts if callable(part))
 
