@@ -511,6 +511,10 @@ def shard_read_all_and_keep_a_share(converter, spec, shard, shard_count, batch_s
     ]
 
 
+def shard_always_the_first(converter, spec, shard, shard_count, batch_size):
+    return shard_torch_loader(converter, spec, 0, shard_count, batch_size)  # every worker reads shard 0
+
+
 def shard_delegating(converter, spec, shard, shard_count, batch_size):
     return loaders.make_loader(converter, batch_size, 8, shard, shard_count)
 
@@ -524,6 +528,7 @@ def test_1_8_right(answer):
     "answer",
     [
         shard_unsharded,
+        shard_always_the_first,
         shard_forever,
         shard_two_workers,
         shard_fixed_batch,

@@ -598,6 +598,34 @@ def test_a_class_with_a_method_still_a_stub_is_not_attempted():
     assert checks._run("97.2", {"Square": Written}) == (PASSED, "1 areas")
 
 
+def test_a_case_of_several_calls_is_judged_on_all_of_their_results_together():
+    def slices_problem(case: tuple, got: list, given: list) -> str | None:
+        values = [value for part in got for value in part]
+        return None if sorted(values) == list(range(case[0])) else f"gave {got}: together, every number once"
+
+    register("97.1")(
+        FunctionCheck(
+            "97.1",
+            answer="part",
+            fixed=[(6, 2), (7, 3)],
+            calls=lambda case: [(case[0], index, case[1]) for index in range(case[1])],
+            judge=slices_problem,
+            show=lambda case: f"{case[0]}, <each part>, {case[1]}",
+            hint="take every count-th number from index",
+            passed="{n} splits",
+        )
+    )
+    strided = lambda n, index, count: list(range(index, n, count))  # noqa: E731
+    assert checks._run("97.1", {"part": strided}) == (PASSED, "2 splits")
+    assert checks._run("97.1", {"part": lambda n, index, count: list(range(0, n, count))}) == (
+        FAILED,
+        "part(6, <each part>, 2) gave [[0, 2, 4], [0, 2, 4]]: together, every number once",
+    )
+    assert checks._run("97.1", {"part": lambda n, index, count: strided(n, index, count) if index else None})[0] == (
+        NOT_ATTEMPTED  # a call that returns nothing
+    )
+
+
 def test_a_raised_error_shows_its_first_line_only():
     def raises(values):
         raise ValueError("no good\n  the plan, line by line\n  and more")

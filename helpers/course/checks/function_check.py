@@ -20,10 +20,10 @@ the reference or the judge is the check's own (``check`` reports it as a bug of 
 
 Where a case cannot be handed over as it is, the declaration says how the call is made and what is judged:
 ``arguments`` makes the call from a case (a Spark DataFrame, a Delta table written for it; ``cleanup`` removes it
-afterwards), ``collect`` takes what the judge needs of a lazy result while it is still the answer's work (a
-DataFrame's rows, batches read through a returned spec), ``around`` is the context every call runs in (MLflow pointed
-at an empty store), ``methods`` names what a class must define. An exercise that asks for several functions is
-:class:`FunctionChecks`, one declaration per function.
+afterwards), ``calls`` makes several calls judged together (one per shard), ``collect`` takes what the judge needs of
+a lazy result while it is still the answer's work (a DataFrame's rows, batches read through a returned spec),
+``around`` is the context every call runs in (MLflow pointed at an empty store), ``methods`` names what a class must
+define. An exercise that asks for several functions is :class:`FunctionChecks`, one declaration per function.
 """
 
 from __future__ import annotations
@@ -144,6 +144,9 @@ class FunctionCheck:
         arguments: the arguments the answer is called with, made fresh from a case (a Spark DataFrame from its rows:
             a case that cannot be copied, such as a DataFrame, is described instead); None: a deep copy of the case.
             Declare ``show`` with it: the hint shows the case, not its arguments.
+        calls: instead of ``arguments``, the several calls one case makes, judged together (every shard of one shard
+            count: disjoint, and covering the data together); the judge gets the list of their results and, as
+            ``given``, the list of their arguments.
         collect: ``collect(result, case)``, what the judge, or the comparison with the reference, gets of a result
             that is not None, taken right after the answer returns, inside the tripwire (a lazy DataFrame's rows, a
             batch read through a returned spec): an error there is the answer's, with the hint.
@@ -170,6 +173,7 @@ class FunctionCheck:
     show: Callable[[tuple], str] | None = None
     from_namespace: Callable[[Mapping[str, Any]], list[Case]] | None = None
     arguments: Callable[[tuple], tuple] | None = None
+    calls: Callable[[tuple], list[tuple]] | None = None
     collect: Callable[[Any, tuple], Any] | None = None
     around: Callable[[], AbstractContextManager] | None = None
     cleanup: Callable[[tuple], None] | None = None
@@ -193,6 +197,7 @@ class FunctionCheck:
             self.from_namespace,
             self.passed_namespace,
             self.arguments,
+            self.calls,
             self.cleanup,
             self.around,
         )
@@ -212,8 +217,10 @@ class FunctionCheck:
             raise TypeError(f"check {self.exercise_id}: declare a reference or a judge, not both")
         if self.keywords and self.reference is None:
             raise TypeError(f"check {self.exercise_id}: keywords=True names the reference's parameters: declare one")
-        if self.arguments is not None and self.show is None:
-            raise TypeError(f"check {self.exercise_id}: arguments= makes the call from a case: declare show= too")
+        if (self.arguments is not None or self.calls is not None) and self.show is None:
+            raise TypeError(f"check {self.exercise_id}: arguments= or calls= makes the calls: declare show= too")
+        if self.calls is not None and (self.arguments is not None or self.judge is None):
+            raise TypeError(f"check {self.exercise_id}: calls= replaces arguments=, and its results need a judge")
 
     def __call__(self, answer: Any) -> str:
         fn = require(answer, self.answer) if isinstance(answer, Mapping) else answer
@@ -225,7 +232,7 @@ class FunctionCheck:
         right = [self._expected(case.args, case.expected) for case in every]
         # the answer gets (and the judge sees) a copy of each case: an answer that changes its arguments changes
         # neither the case its hint shows nor the next call's
-        given = [self.arguments(case) if self.arguments else copy.deepcopy(case) for case in cases]
+        given = [self._made(case) for case in cases]
         try:
             results = self._results(fn, cases, given)
             for case, args, expected, why, result in zip(cases, given, right, whys, results):
@@ -245,10 +252,30 @@ class FunctionCheck:
         results: list[Any] = []
         with own_work(*named_helpers(*self.forbid)), self.around() if self.around else nullcontext():
             for case, args in zip(cases, given):
-                results.append(_result(fn, args, self.collect, case))
+                results.append(self._outcome(fn, args, case))
                 if isinstance(results[-1], _Raised):
                     break
         return results
+
+    def _made(self, case: tuple) -> Any:
+        """What the answer is given for ``case``: the arguments of its call (a copy of the case by default), or the
+        list of its calls' arguments."""
+        if self.calls is not None:
+            return self.calls(case)
+        return self.arguments(case) if self.arguments else copy.deepcopy(case)
+
+    def _outcome(self, fn: Callable[..., Any], made: Any, case: tuple) -> Any:
+        """What the answer returned for ``case`` (the list of its calls' results, where it makes several), or the
+        first error it raised, or None where a call returned nothing."""
+        if self.calls is None:
+            return _result(fn, made, self.collect, case)
+        outcomes = []
+        for args in made:
+            outcome = _result(fn, args, self.collect, case)
+            if outcome is None or isinstance(outcome, _Raised):
+                return outcome
+            outcomes.append(outcome)
+        return outcomes
 
     def _expected(self, case: tuple, known: Any) -> Any:
         """The right result of ``case``: ``known`` where the case brought it, else the reference's; None for a

@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from helpers import loaders
-from helpers.course.checks import CheckFailed, is_whole, own_work, register, require_implemented
+from helpers.course.checks import CheckFailed, is_whole, register
 from helpers.course.checks.function_check import FunctionCheck, Returns
 from helpers.workdir import work_path
 
@@ -335,16 +335,6 @@ def _ids_spec():
     )
 
 
-def _opened(loader_or_context):
-    """What an answer returned, if a ``with`` block can open it (Petastorm's context manager, or its loader)."""
-    if hasattr(loader_or_context, "__enter__"):
-        return loader_or_context
-    raise CheckFailed(
-        f"return the loader's context manager (converter.make_torch_dataloader(...)), "
-        f"got {type(loader_or_context).__name__}"
-    )
-
-
 def _expected_pixels(label_index: int):
     """The normalised value of each channel of a sample image of class ``label_index``."""
     import torch
@@ -398,12 +388,6 @@ def _loader_fix(error: object) -> str | None:
     return next((hint for text, hint in LOADER_HINTS.items() if text in str(error)), None)
 
 
-def _loader_hint(error: Exception) -> str:
-    """A one-line hint for an error Petastorm raised while reading batches through the answer's spec."""
-    fix = _loader_fix(error)
-    return f"{type(error).__name__}: {error}" + (f": {fix}" if fix else "")
-
-
 class _Batch(dict):
     """The first batch read through a returned spec, by the check (a dict the answer returned is not one)."""
 
@@ -453,73 +437,93 @@ own_transform_spec = register("1.7")(
 )
 
 
-def _read_shard(shard_loader, converter, shard: int, shard_count: int, batch_size: int) -> list[int]:
-    """The row ids one shard yields (reading at most a little more than the whole data set)."""
-    limit = SAMPLE_ROWS // batch_size + 2
-    converter = _CountingConverter(converter)
-    with own_work(loaders.make_loader, loaders.PetastormBatches, loaders.prepare_data):
-        try:
-            with _opened(shard_loader(converter, _ids_spec(), shard, shard_count, batch_size)) as loader:
-                read = list(itertools.islice(loader, limit))
-        except (TypeError, ValueError, RuntimeError) as error:
-            raise CheckFailed(_loader_hint(error)) from error
-    if any("spec_mark" not in batch or (batch["spec_mark"] != batch["row_id"] * 2 + 1).any() for batch in read):
-        raise CheckFailed("the batches are not what the given spec makes: pass transform_spec=spec to the loader")
-    if converter.calls and not any(call.get("shard_count") == shard_count for call in converter.calls):
-        raise CheckFailed(
-            "your loader reads every row and keeps its share: pass cur_shard and shard_count to "
-            "make_torch_dataloader, so that Petastorm reads only this worker's row groups"
-        )
-    batches = [batch["row_id"].tolist() for batch in read]
-    sizes = [len(ids) for ids in batches]
-    if any(size != batch_size for size in sizes[:-1]) or (sizes and sizes[-1] > batch_size):
-        raise CheckFailed(f"batch sizes {sizes} for batch_size={batch_size}: pass batch_size to the loader")
-    ids = [row_id for batch in batches for row_id in batch]
-    if len(set(ids)) != len(ids):
-        raise CheckFailed(f"shard {shard} of {shard_count} yields rows more than once: read one pass (num_epochs=1)")
-    return ids
+class _Shard(dict):
+    """What the check read through a returned loader: each batch's row ids, and whether every batch carries the
+    mark that only the given spec makes."""
 
 
-@register("1.8")
-def disjoint_complete_shards(shard_loader) -> str:
-    """``shard_loader(converter, spec, shard, shard_count, batch_size)``: a loader over one worker's shard.
-
-    Args:
-        shard_loader: the answer, run for every shard of 2, 3 and 5 on the sample converter.
-
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``shard_loader`` is still a stub.
-        CheckFailed: no active SparkSession; the result cannot be opened with ``with``; calling or reading it raised a
-            ``TypeError``, ``ValueError`` or ``RuntimeError``; batches are not of ``batch_size`` rows; a shard
-            yields a row twice, is empty, overlaps another, or the shards together miss rows.
-        Delegated: the answer calls ``loaders.make_loader``, ``loaders.PetastormBatches`` or
-            ``loaders.prepare_data``.
-        Exception: any other error from the answer or from reading its loader, unchanged (``check`` shows it
-            as a failure).
-    """
-    require_implemented(shard_loader)
+def _shard_calls(case: tuple[int, int]) -> list[tuple]:
+    """The calls for every shard of ``case`` (``shard_count, batch_size``), each with a converter of its own that
+    records the loaders opened through it."""
+    shard_count, batch_size = case
     converter = _sample_converter()
-    every_id = {row[0] for row in _sample_rows()}
-    for shard_count, batch_size in ((2, 7), (3, 16), (5, 4)):
-        shards = [
-            set(_read_shard(shard_loader, converter, shard, shard_count, batch_size)) for shard in range(shard_count)
-        ]
-        sizes = [len(ids) for ids in shards]
-        if not all(sizes):
-            raise CheckFailed(
-                f"{shard_count} shards hold {sizes} rows: each worker must get rows (cur_shard, shard_count)"
-            )
-        if sum(sizes) != len(set().union(*shards)):
-            raise CheckFailed(f"{shard_count} shards overlap: pass cur_shard=shard and shard_count=shard_count")
-        if set().union(*shards) != every_id:
-            raise CheckFailed(
-                f"{shard_count} shards hold {sum(sizes)} of {len(every_id)} rows: together the shards "
-                "must read every row"
-            )
-    return "disjoint shards that cover every row, for 2, 3 and 5 workers, batches of the size asked for"
+    return [
+        (_CountingConverter(converter), _ids_spec(), shard, shard_count, batch_size) for shard in range(shard_count)
+    ]
+
+
+def _read_shard(returned: Any, case: tuple[int, int]) -> Any:
+    """The batches of a returned loader context, opened with ``with`` (at most a little more than the whole data
+    set); anything that cannot be opened as it is (the judge names it)."""
+    if not hasattr(returned, "__enter__"):
+        return returned
+    with returned as loader:
+        read = list(itertools.islice(loader, SAMPLE_ROWS // case[1] + 2))
+    return _Shard(
+        ids=[batch["row_id"].tolist() for batch in read],
+        marked=all("spec_mark" in batch and (batch["spec_mark"] == batch["row_id"] * 2 + 1).all() for batch in read),
+    )
+
+
+def _one_shard_problem(read: Any, converter: _CountingConverter, shard_count: int, batch_size: int) -> str | None:
+    """What is wrong with one shard's batches, or None."""
+    if not isinstance(read, _Shard):
+        return (
+            f"returned a {type(read).__name__}: return the loader's context manager "
+            "(converter.make_torch_dataloader(...))"
+        )
+    if not read["marked"]:
+        return "gave batches that are not what the given spec makes: pass transform_spec=spec to the loader"
+    if converter.calls and not any(call.get("shard_count") == shard_count for call in converter.calls):
+        return (
+            f"opened its loader with shard_count={converter.calls[-1].get('shard_count')!r}, expected {shard_count}: "
+            "pass cur_shard=shard and shard_count=shard_count to make_torch_dataloader, so that Petastorm reads only "
+            "this worker's row groups"
+        )
+    sizes = [len(ids) for ids in read["ids"]]
+    if any(size != batch_size for size in sizes[:-1]) or (sizes and sizes[-1] > batch_size):
+        return f"gave batch sizes {sizes} for batch_size={batch_size}: pass batch_size to the loader"
+    ids = [row_id for batch in read["ids"] for row_id in batch]
+    if len(set(ids)) != len(ids):
+        return "yields rows more than once: read one pass (num_epochs=1)"
+    return None
+
+
+def _shards_problem(case: tuple[int, int], reads: list[Any], given: list[tuple]) -> str | None:
+    """What is wrong with the shards of ``case``: each on its own, then together (non-empty, disjoint, covering)."""
+    shard_count, batch_size = case
+    for shard, (read, call) in enumerate(zip(reads, given)):
+        problem = _one_shard_problem(read, call[0], shard_count, batch_size)
+        if problem:
+            return f"for shard {shard} {problem}"
+    shards = [{row_id for batch in read["ids"] for row_id in batch} for read in reads]
+    sizes, every_id = [len(ids) for ids in shards], {row[0] for row in _sample_rows()}
+    if not all(sizes):
+        return f"gave shards of {sizes} rows: each worker must get rows (cur_shard, shard_count)"
+    if sum(sizes) != len(set().union(*shards)):
+        return "gave shards that overlap: pass cur_shard=shard and shard_count=shard_count"
+    if set().union(*shards) != every_id:
+        return f"gave shards that hold {sum(sizes)} of {len(every_id)} rows: together they must read every row"
+    return None
+
+
+#: ``shard_loader(converter, spec, shard, shard_count, batch_size)``: a loader over one worker's shard, called for
+#: every shard of 2, 3 and 5 on the sample converter, and the shards of one count judged together
+disjoint_complete_shards = register("1.8")(
+    FunctionCheck(
+        "1.8",
+        answer="shard_loader",
+        fixed=[(2, 7), (3, 16), (5, 4)],
+        calls=_shard_calls,
+        collect=_read_shard,
+        judge=_shards_problem,
+        show=lambda case: f"<converter of {SAMPLE_ROWS} rows>, <spec>, <each shard>, {case[0]}, {case[1]}",
+        forbid=("helpers.loaders:make_loader", "helpers.loaders:PetastormBatches", "helpers.loaders:prepare_data"),
+        hint=lambda case, got: _loader_fix(got)
+        or "return converter.make_torch_dataloader(...) with the spec, the batch size and this shard",
+        passed="disjoint shards that cover every row, for 2, 3 and 5 workers, batches of the size asked for",
+    )
+)
 
 
 # --- Delta time travel --------------------------------------------------------------------------------------------
