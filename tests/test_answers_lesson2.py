@@ -328,6 +328,22 @@ class DataModuleHardCoded(DataModuleBatches):
         )
 
 
+class DataModuleOnePassTraining(DataModuleBatches):
+    def train_dataloader(self):  # steps_per_epoch left out: one pass of the shard, however many batches that is
+        return PetastormBatches(
+            self.train_converter,
+            self.batch_size,
+            self.image_size,
+            cur_shard=self.device_id,
+            shard_count=self.device_count,
+        )
+
+
+class DataModuleUnshardedValidation(DataModuleBatches):
+    def val_dataloader(self):
+        return PetastormBatches(self.val_converter, self.batch_size, self.image_size)
+
+
 class DataModuleOneValBatch(DataModuleBatches):
     def val_dataloader(self):
         return [
@@ -364,7 +380,15 @@ def test_2_4_right(answer, converters):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "answer",
-    [DataModuleInherited, DataModuleSuper, DataModuleUnshardedTrain, DataModuleHardCoded, DataModuleOneValBatch],
+    [
+        DataModuleInherited,
+        DataModuleSuper,
+        DataModuleUnshardedTrain,
+        DataModuleHardCoded,
+        DataModuleOneValBatch,
+        DataModuleOnePassTraining,
+        DataModuleUnshardedValidation,
+    ],
 )
 def test_2_4_wrong(answer, converters):
     assert verdict("2.4", {**converters, "MyDataModule": answer}) == "failed"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -624,6 +625,16 @@ def test_a_case_of_several_calls_is_judged_on_all_of_their_results_together():
     assert checks._run("97.1", {"part": lambda n, index, count: strided(n, index, count) if index else None})[0] == (
         NOT_ATTEMPTED  # a call that returns nothing
     )
+
+
+def test_a_check_whose_cases_all_come_from_the_notebook_asks_for_the_notebook():
+    register("97.0")(dataclasses.replace(_halves_check("97.0", from_namespace=_runs_in), fixed=[], draws=0))
+    floor = lambda n: n // 2  # noqa: E731
+    assert checks._run("97.0", floor) == (
+        NOT_ATTEMPTED,
+        'check 97.0 reads the notebook\'s names: check("97.0", globals())',
+    )
+    assert checks._run("97.0", {"half": floor, "runs": [(8, None)]}) == (PASSED, "halved 0 numbers")
 
 
 def test_a_raised_error_shows_its_first_line_only():

@@ -38,6 +38,7 @@ from typing import Any
 
 from helpers.course.checks import (
     CheckFailed,
+    NotAttempted,
     close,
     is_whole,
     named_helpers,
@@ -227,6 +228,10 @@ class FunctionCheck:
         require_implemented(fn, *(getattr(fn, name, None) for name in self.methods))
         own = self.from_namespace(answer) if self.from_namespace and isinstance(answer, Mapping) else []
         every = [Case(args) for args in self.cases()] + own
+        if not every:  # its cases all come from the notebook
+            raise NotAttempted(
+                f'check {self.exercise_id} reads the notebook\'s names: check("{self.exercise_id}", globals())'
+            )
         cases, whys = [case.args for case in every], [case.why for case in every]
         # before the tripwire: the reference may use the helpers
         right = [self._expected(case.args, case.expected) for case in every]
@@ -339,11 +344,11 @@ class _Raised:
 
 def _result(fn: Callable[..., Any], args: tuple, collect: Callable[[Any, tuple], Any] | None, case: tuple) -> Any:
     """``fn(*args)`` (passed through ``collect`` with its ``case`` unless it is None), or the error it raised as a
-    :class:`_Raised` (a check's own verdicts pass through)."""
+    :class:`_Raised` (a check's own verdicts, from ``collect``, pass through)."""
     try:
         result = fn(*args)
         return collect(result, case) if collect is not None and result is not None else result
-    except CheckFailed:
+    except (CheckFailed, NotAttempted):
         raise
     except Exception as error:  # noqa: BLE001 - the learner's code may raise anything
         return _Raised(error)

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import chdir, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
@@ -31,7 +32,7 @@ from helpers.course.checks import (
     require,
     require_implemented,
 )
-from helpers.course.checks.function_check import FunctionCheck
+from helpers.course.checks.function_check import Case, FunctionCheck
 
 __all__ = [
     "best_run_check",
@@ -381,79 +382,108 @@ def _read(loader, what: str) -> list[tuple[list[int], tuple[int, ...]]]:
         getattr(loader, "close", lambda: None)()
 
 
-@register("2.4")
-def datamodule_loaders(namespace) -> str:
-    """``MyDataModule``: device ``device_id`` reads its own shard; training yields ``steps_per_epoch`` full
-    batches of the requested size; validation is one full pass.
-
-    Args:
-        namespace: the notebook's ``globals()``, holding ``MyDataModule``, ``train_converter`` and
-            ``val_converter``; the module is made for device 0 and device 1 of 2, at a seeded batch and image size.
-
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: one of the three names is not defined; ``train_dataloader`` or ``val_dataloader`` is a
-            stub or returns None.
-        CheckFailed: images of the wrong shape; not ``steps_per_epoch`` training batches, or batches of another
-            size; the two devices share training or validation rows; validation does not cover every row.
-        Delegated: the answer calls ``PetastormDataModule.train_dataloader``, ``val_dataloader`` or ``_batches``.
-        Exception: any other error from the answer or from reading its loaders, unchanged (``check`` shows it
-            as a failure).
-    """
-    from helpers.datamodule import PetastormDataModule
-
-    module_class, train_converter, val_converter = require(
-        namespace, "MyDataModule", "train_converter", "val_converter"
-    )
-    require_implemented(module_class.train_dataloader, module_class.val_dataloader)
+def _lessons_data(namespace: Mapping[str, Any]) -> list[Case]:
+    """The notebook's converters at a seeded batch and image size: the case 2.4 is checked on."""
+    train_converter, val_converter = require(namespace, "train_converter", "val_converter")
     rng = random.Random(24)
-    batch_size, image_size = rng.choice([24, 40, 48]), rng.choice([8, 12])
-    train_rows, val_rows = [], []
-    helpers = (PetastormDataModule.train_dataloader, PetastormDataModule.val_dataloader, PetastormDataModule._batches)
-    for device in range(2):
-        dm = module_class(
-            train_converter,
-            val_converter,
-            batch_size=batch_size,
-            image_size=image_size,
-            device_id=device,
-            device_count=2,
+    return [Case((train_converter, val_converter, rng.choice([24, 40, 48]), rng.choice([8, 12])))]
+
+
+class _Loaded(dict):
+    """What the check read through one device's module: its training batches (row ids and image shape), its
+    validation rows and its ``steps_per_epoch``."""
+
+
+def _read_module(module: Any, case: tuple) -> Any:
+    """One pass of a module's training and validation loaders, then its teardown; anything that is not a
+    DataModule as it is (the judge names it)."""
+    if not isinstance(module, pl.LightningDataModule):
+        return module
+    try:
+        train = _read(module.train_dataloader(), "train_dataloader")
+        val = [row for rows, _ in _read(module.val_dataloader(), "val_dataloader") for row in rows]
+    finally:
+        module.teardown("fit")
+    return _Loaded(train=train, val=val, steps=module.steps_per_epoch)
+
+
+def _one_device_problem(read: Any, device: int, batch_size: int, image_size: int) -> str | None:
+    """What is wrong with one device's training batches, or None."""
+    if not isinstance(read, _Loaded):
+        return f"made a {type(read).__name__}: keep MyDataModule a subclass of PetastormDataModule"
+    shapes = {shape for _, shape in read["train"]} - {(3, image_size, image_size)}
+    if shapes:
+        return f"gave images of shape {shapes.pop()}, expected (3, {image_size}, {image_size}): pass self.image_size"
+    if len(read["train"]) != read["steps"]:
+        return (
+            f"gave device {device} {len(read['train'])} training batches per epoch, expected {read['steps']} "
+            "(self.steps_per_epoch)"
         )
-        with own_work(*helpers):
-            batches = _read(dm.train_dataloader(), "train_dataloader")
-            val_rows.append([row for rows, _ in _read(dm.val_dataloader(), "val_dataloader") for row in rows])
-        dm.teardown("fit")
-        shapes = {shape for _, shape in batches} - {(3, image_size, image_size)}
-        if shapes:
-            raise CheckFailed(
-                f"images of shape {shapes.pop()}, expected (3, {image_size}, {image_size}): pass self.image_size"
-            )
-        if len(batches) != dm.steps_per_epoch:
-            raise CheckFailed(
-                f"device {device}: {len(batches)} training batches per epoch, expected "
-                f"{dm.steps_per_epoch} (self.steps_per_epoch)"
-            )
-        sizes = {len(rows) for rows, _ in batches}
-        if sizes != {batch_size}:
-            raise CheckFailed(f"training batches of {sorted(sizes)} rows, expected {batch_size}: pass self.batch_size")
-        train_rows.append({row for rows, _ in batches for row in rows})
-    if train_rows[0] & train_rows[1]:
-        raise CheckFailed(
-            "both devices trained on the same rows: pass cur_shard=self.device_id, "
-            "shard_count=self.device_count to the training loader"
+    sizes = [len(rows) for rows, _ in read["train"]]
+    if sizes and set(sizes[:-1]) <= {batch_size} and sizes[-1] < batch_size:
+        return (
+            f"gave a last training batch of {sizes[-1]} rows: pass steps_per_epoch=self.steps_per_epoch, so that an "
+            "epoch is that many full batches"
         )
-    if set(val_rows[0]) & set(val_rows[1]):
-        raise CheckFailed(
-            "both devices read the same validation rows: pass cur_shard=self.device_id, shard_count=self.device_count"
+    if set(sizes) != {batch_size}:
+        return f"gave training batches of {sorted(set(sizes))} rows, expected {batch_size}: pass self.batch_size"
+    return None
+
+
+def _devices_problem(case: tuple, reads: list[Any], _given: list[tuple]) -> str | None:
+    """What is wrong with the two devices' loaders: each on its own, then together (their own shards, and
+    validation one full pass)."""
+    _, val_converter, batch_size, image_size = case
+    for device, read in enumerate(reads):
+        problem = _one_device_problem(read, device, batch_size, image_size)
+        if problem:
+            return problem
+    train = [{row for rows, _ in read["train"] for row in rows} for read in reads]
+    if train[0] & train[1]:
+        return (
+            "trained both devices on the same rows: pass cur_shard=self.device_id, shard_count=self.device_count to "
+            "the training loader"
         )
-    if len(val_rows[0]) + len(val_rows[1]) != len(val_converter):
-        raise CheckFailed(
-            f"the 2 devices validated on {len(val_rows[0]) + len(val_rows[1])} of "
-            f"{len(val_converter)} rows: validation must be one full pass per epoch"
+    val = [set(read["val"]) for read in reads]
+    if val[0] & val[1]:
+        return (
+            "read the same validation rows on both devices: pass cur_shard=self.device_id, "
+            "shard_count=self.device_count"
         )
-    return "each device reads its own shard; validation covers every row once"
+    if sum(len(read["val"]) for read in reads) != len(val_converter):
+        return (
+            f"validated the 2 devices on {sum(len(read['val']) for read in reads)} of {len(val_converter)} rows: "
+            "validation must be one full pass per epoch"
+        )
+    return None
+
+
+#: ``MyDataModule``'s ``train_dataloader`` and ``val_dataloader``: made for device 0 and device 1 of 2 on the
+#: notebook's converters, at a seeded batch and image size, and the two devices judged together
+datamodule_loaders = register("2.4")(
+    FunctionCheck(
+        "2.4",
+        answer="MyDataModule",
+        fixed=[],
+        from_namespace=_lessons_data,
+        calls=lambda case: [(*case, device, 2) for device in range(2)],
+        collect=_read_module,
+        judge=_devices_problem,
+        methods=("train_dataloader", "val_dataloader"),
+        show=lambda case: f"train_converter, val_converter, {case[2]}, {case[3]}, <each device>, 2",
+        forbid=(
+            "helpers.datamodule:PetastormDataModule.train_dataloader",
+            "helpers.datamodule:PetastormDataModule.val_dataloader",
+            "helpers.datamodule:PetastormDataModule._batches",
+        ),
+        hint=(
+            "PetastormBatches(converter, self.batch_size, self.image_size, cur_shard=self.device_id, "
+            "shard_count=self.device_count, ...): steps_per_epoch and shuffle for training"
+        ),
+        passed="each device reads its own shard",
+        passed_namespace="; validation covers every row once",
+    )
+)
 
 
 def _callbacks_problem(case: tuple[int, float, str], got: object, _given: tuple) -> str | None:
