@@ -228,6 +228,11 @@ class ModelTrainLossPerStepOnly(ModelLogging):
         return loss
 
 
+class ModelDetachedLoss(ModelLogging):
+    def training_step(self, batch, batch_idx):
+        return super().training_step(batch, batch_idx).detach()  # the value, with no gradient to follow
+
+
 class ModelTrainLossAsVal(ModelLogging):
     def validation_step(self, batch, batch_idx):
         logits = self(batch["features"])
@@ -252,6 +257,7 @@ def test_2_3_right(answer):
         ModelTrainLossPerEpochOnly,
         ModelTrainLossPerStepOnly,
         ModelTrainLossAsVal,
+        ModelDetachedLoss,
     ],
 )
 def test_2_3_wrong(answer):

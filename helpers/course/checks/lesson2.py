@@ -294,82 +294,111 @@ def _expected_validation(model, batches: list[dict[str, torch.Tensor]]) -> tuple
     return F.cross_entropy(logits, labels).item(), (logits.argmax(dim=1) == labels).float().mean().item()
 
 
-@register("2.3")
-def lightning_steps(namespace) -> str:
-    """``MyModel``: ``training_step`` returns the cross-entropy loss (or ``{"loss": ...}``) and logs it per step and
-    per epoch; validation logs
-    ``val_loss``/``val_acc``; checked against values computed here on generated batches.
+class _Stepped(dict):
+    """What the check saw of a model: ``training_step``'s output on the first batch and the cross-entropy there,
+    the metrics one epoch's fit logged, and the validation loss and accuracy computed here afterwards."""
 
-    Args:
-        namespace: the notebook's ``globals()``, holding ``MyModel`` (made with ``class_count``,
-            ``learning_rate`` and ``image_size``); one step is called directly, then one epoch is fitted.
 
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``MyModel`` is not defined, or its ``training_step`` or ``validation_step`` is a stub.
-        CheckFailed: ``training_step`` does not return a scalar tensor with gradients, or not the
-            cross-entropy; ``train_loss``, ``val_loss`` or ``val_acc`` is not logged; ``train_loss`` is not logged
-            both per step and per epoch (``train_loss_step``, ``train_loss_epoch``); ``val_loss`` or
-            ``val_acc`` differs from the value computed here.
-        Delegated: the answer calls ``LitClassificationModel.training_step``, ``validation_step`` or
-            ``_loss_and_accuracy``.
-        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
-    """
-    from helpers.model import LitClassificationModel
-
-    model_class = require(namespace, "MyModel")
-    require_implemented(model_class.training_step, model_class.validation_step)
-    rng = random.Random(23)
-    classes, size, rows = rng.randint(3, 7), rng.choice([8, 12]), rng.randint(8, 12)
-    train = [_batch(rows, classes, size, seed) for seed in (1, 2)]
-    val = [_batch(rows, classes, size, seed) for seed in (3, 4)]
-    model = model_class(class_count=classes, learning_rate=0.05, image_size=size)
-    helpers = (
-        LitClassificationModel.training_step,
-        LitClassificationModel.validation_step,
-        LitClassificationModel._loss_and_accuracy,
-    )
-    with quiet_lightning(), _isolated_mlflow(_tracking_store()), own_work(*helpers):
-        output = model.training_step(train[0], 0)
-        with torch.no_grad():
-            expected = F.cross_entropy(model(train[0]["features"]), train[0]["label_index"])
-        trainer = _trainer(max_epochs=1)
-        trainer.fit(
-            model,
-            train_dataloaders=DataLoader(train, batch_size=None),
-            val_dataloaders=DataLoader(val, batch_size=None),
-        )
+def _loss_of(output: Any) -> torch.Tensor | None:
+    """The loss a ``training_step`` returned (itself, or ``{"loss": ...}``) if it is a scalar tensor that gradients
+    flow through; else None."""
     loss = output.get("loss") if isinstance(output, Mapping) else output
-    if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.requires_grad:
-        raise CheckFailed(
-            "training_step must return the loss (or {'loss': loss}): a scalar tensor that gradients flow through"
-        )
-    if not torch.isclose(loss.detach(), expected, atol=1e-5):
-        raise CheckFailed(f"training_step returned {loss.item():.4f}, cross-entropy is {expected.item():.4f}")
-    metrics = {key.removesuffix("_epoch"): value for key, value in trainer.callback_metrics.items()}
+    return loss if isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.requires_grad else None
+
+
+def _step_and_fit(model: Any, case: tuple[int, int]) -> Any:
+    """One ``training_step`` called directly, then one epoch fitted on generated 32-pixel batches of ``case``
+    (``classes, rows``); anything that is not a LightningModule as it is (the judge names it)."""
+    classes, rows = case
+    if not isinstance(model, pl.LightningModule):
+        return model
+    train = [_batch(rows, classes, 32, seed) for seed in (1, 2)]
+    val = [_batch(rows, classes, 32, seed) for seed in (3, 4)]
+    output = model.training_step(train[0], 0)
+    with torch.no_grad():
+        expected = F.cross_entropy(model(train[0]["features"]), train[0]["label_index"])
+    if _loss_of(output) is None:  # nothing to fit with: the judge says so
+        return _Stepped(output=output, expected=expected)
+    trainer = _trainer(max_epochs=1)
+    trainer.fit(
+        model, train_dataloaders=DataLoader(train, batch_size=None), val_dataloaders=DataLoader(val, batch_size=None)
+    )
+    return _Stepped(
+        output=output, expected=expected, logged=dict(trainer.callback_metrics), val=_expected_validation(model, val)
+    )
+
+
+def _logged_problem(logged: Mapping[str, Any], val_loss: float, val_acc: float) -> str | None:
+    """What is wrong with the metrics one epoch logged, against the validation loss and accuracy computed here."""
+    metrics = {key.removesuffix("_epoch"): value for key, value in logged.items()}
     missing = {"train_loss", "val_loss", "val_acc"} - set(metrics)
     if missing:
-        raise CheckFailed(f"not logged: {sorted(missing)}; use self.log(...) in the steps")
-    train_keys = sorted(key for key in trainer.callback_metrics if key.startswith("train_loss"))
+        return f"logged no {sorted(missing)}: use self.log(...) in the steps"
+    train_keys = sorted(key for key in logged if key.startswith("train_loss"))
     if not {"train_loss_epoch", "train_loss_step"} <= set(train_keys):
-        raise CheckFailed(
-            f"train_loss is logged as {train_keys}: log it per step and per epoch, self.log('train_loss', loss, "
+        return (
+            f"logged train_loss as {train_keys}: log it per step and per epoch, self.log('train_loss', loss, "
             "on_step=True, on_epoch=True, ...), which Lightning records as train_loss_step and train_loss_epoch"
         )
-    val_loss, val_acc = _expected_validation(model, val)
     if not close(metrics["val_loss"], val_loss, rel=1e-4):
-        raise CheckFailed(
-            f"val_loss = {float(metrics['val_loss']):.4f}, expected {val_loss:.4f}: log the "
-            "cross-entropy of the validation batch"
+        return (
+            f"logged val_loss {float(metrics['val_loss']):.4f}, expected {val_loss:.4f}: log the cross-entropy of "
+            "the validation batch"
         )
     if not close(metrics["val_acc"], val_acc, rel=1e-4):
-        raise CheckFailed(
-            f"val_acc = {float(metrics['val_acc']):.4f}, expected {val_acc:.4f}: log the fraction "
-            "of predictions (argmax of the logits) equal to the label"
+        return (
+            f"logged val_acc {float(metrics['val_acc']):.4f}, expected {val_acc:.4f}: log the fraction of "
+            "predictions (argmax of the logits) equal to the label"
         )
-    return "training_step returns the loss; train_loss, val_loss and val_acc are logged"
+    return None
+
+
+def _steps_problem(case: tuple[int, int], got: Any, _given: tuple) -> str | None:
+    """What is wrong with the model's steps: the loss ``training_step`` returns, then what the fit logged."""
+    if not isinstance(got, _Stepped):
+        return f"made a {type(got).__name__}: keep MyModel a subclass of LitClassificationModel"
+    loss = _loss_of(got["output"])
+    if loss is None:
+        return (
+            "has a training_step that returns no loss: return the loss (or {'loss': loss}), a scalar tensor that "
+            "gradients flow through"
+        )
+    if not torch.isclose(loss.detach(), got["expected"], atol=1e-5):
+        return f"has a training_step that returned {loss.item():.4f}, cross-entropy is {got['expected'].item():.4f}"
+    return _logged_problem(got["logged"], *got["val"])
+
+
+@contextmanager
+def _fit_quietly() -> Iterator[None]:
+    """Lightning quiet, and MLflow pointed at the check's own store (the notebook's autolog logs nothing here)."""
+    with quiet_lightning(), _isolated_mlflow(_tracking_store()):
+        yield
+
+
+#: ``MyModel``'s ``training_step`` and ``validation_step``: one step called directly, then one epoch fitted on
+#: generated batches; the loss returned and the metrics logged compared with values computed here
+lightning_steps = register("2.3")(
+    FunctionCheck(
+        "2.3",
+        answer="MyModel",
+        fixed=[],
+        draw=lambda rng: (rng.randint(3, 7), rng.randint(8, 12)),
+        draws=1,
+        arguments=lambda case: (case[0],),
+        collect=_step_and_fit,
+        around=_fit_quietly,
+        judge=_steps_problem,
+        methods=("training_step", "validation_step"),
+        show=lambda case: f"{case[0]}",
+        forbid=(
+            "helpers.model:LitClassificationModel.training_step",
+            "helpers.model:LitClassificationModel.validation_step",
+            "helpers.model:LitClassificationModel._loss_and_accuracy",
+        ),
+        hint="training_step returns the cross-entropy and logs train_loss; validation_step logs val_loss and val_acc",
+        passed="training_step returns the loss; train_loss, val_loss and val_acc are logged",
+    )
+)
 
 
 def _read(loader, what: str) -> list[tuple[list[int], tuple[int, ...]]]:
