@@ -507,7 +507,7 @@ def test_a_declared_check_calls_with_arguments_made_from_the_case_and_judges_wha
         answer="doubled",
         fixed=[(3,), (5,)],
         arguments=lambda case: (made.append(case[0]) or iter(range(case[0])),),  # made fresh for each call
-        cleanup=lambda given: cleaned.append(given),
+        cleanup=lambda case, given: cleaned.append(given),
         collect=lambda got, case: tuple(got) if hasattr(got, "__next__") else got,  # run lazily, inside the tripwire
         judge=doubled_problem,
         show=lambda case: f"<iterator over {case[0]} numbers>",

@@ -152,7 +152,8 @@ class FunctionCheck:
             that is not None, taken right after the answer returns, inside the tripwire (a lazy DataFrame's rows, a
             batch read through a returned spec): an error there is the answer's, with the hint.
         methods: for an exercise that asks for a class, the methods it must write: one still a stub is not attempted.
-        cleanup: undoes what ``arguments`` made for a call (a table written for it), once the check has judged.
+        cleanup: ``cleanup(case, made)`` undoes what ``arguments`` or ``calls`` made for a case (a table written for
+            it, runs added to a store), once the check has judged.
         around: the context every call of the answer runs in, made fresh for each check (MLflow pointed at the
             check's own store; a library's look at the cluster patched).
         passed_namespace: appended to ``passed`` where there were such cases; ``{m}`` is their number; or a function
@@ -177,7 +178,7 @@ class FunctionCheck:
     calls: Callable[[tuple], list[tuple]] | None = None
     collect: Callable[[Any, tuple], Any] | None = None
     around: Callable[[], AbstractContextManager] | None = None
-    cleanup: Callable[[tuple], None] | None = None
+    cleanup: Callable[[tuple, Any], None] | None = None
     methods: Sequence[str] = ()
     passed_namespace: str | Callable[[list[Case]], str] = ""
 
@@ -243,8 +244,8 @@ class FunctionCheck:
             for case, args, expected, why, result in zip(cases, given, right, whys, results):
                 self._judge(case, args, expected, result, why)
         finally:
-            for args in given if self.cleanup else ():
-                self.cleanup(args)
+            for case, made in zip(cases, given) if self.cleanup else ():
+                self.cleanup(case, made)
         message = self.passed.format(n=len(cases) - len(own))
         if not own:
             return message

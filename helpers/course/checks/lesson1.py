@@ -661,7 +661,7 @@ restore_after_bad_write = register("1.3")(
         answer="restore_last_good",
         fixed=_histories(),
         arguments=_damaged_table,
-        cleanup=lambda given: shutil.rmtree(given[0], ignore_errors=True),
+        cleanup=lambda case, given: shutil.rmtree(given[0], ignore_errors=True),
         judge=_restore_problem,
         show=lambda case: f"<Delta table after {len(case[0])} writes>, {case[2]}",
         forbid=(

@@ -20,11 +20,8 @@ from helpers.course.checks import (
     CheckFailed,
     close,
     is_whole,
-    own_work,
     register,
     require,
-    require_implemented,
-    returned,
 )
 from helpers.course.checks.function_check import NUMBER, Case, FunctionCheck, Returns
 
@@ -51,92 +48,130 @@ def _uri(namespace) -> str:
 # --- 5.2 query the runs -----------------------------------------------------------------------------------------
 
 
-def _run_ids(frame: Any, what: str) -> set[str]:
-    returned(frame, what)
-    if not isinstance(frame, pd.DataFrame) or "run_id" not in frame.columns:
-        raise CheckFailed(
-            f"{what} returned a {type(frame).__name__} without a run_id column: return the "
-            "DataFrame from mlflow.search_runs(...)"
-        )
-    return set(frame["run_id"])
+_DECOY = "check-5.2-decoy"  # the run name of the runs the check adds to the experiment, and removes again
 
 
-@register("5.2")
-def query_the_runs(namespace) -> str:
-    """``query_runs(experiment, sweep)``: this sweep's FINISHED runs only, from ``mlflow.search_runs``.
+def _lessons_sweep_runs(namespace: Mapping[str, Any]) -> list[Case]:
+    """The lesson's experiment, sweep and tracking URI: the case 5.2 is checked on (the sweep must have finished
+    runs)."""
+    from helpers.analysis import runs_table
 
-    The check adds two decoy runs to the experiment (one of another sweep, one FAILED run of this sweep), queries,
-    and deletes the decoys again.
-
-    Args:
-        namespace: the notebook's ``globals()``, holding ``query_runs``, ``EXPERIMENT`` and ``SWEEP``, and
-            ``MLFLOW_TRACKING_URI`` if the notebook set it; the experiment must hold finished runs of the sweep.
-
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: one of the three names is not defined, ``query_runs`` is a stub, or it returns None.
-        CheckFailed: the sweep has no finished runs yet; a result is not a DataFrame with a ``run_id`` column;
-            a decoy came back; the runs are not the sweep's finished runs; ``query_runs`` for another sweep does
-            not return just that sweep's run.
-        Delegated: the answer calls ``helpers.analysis.runs_table``.
-        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
-    """
-    import mlflow
-    from mlflow.tracking import MlflowClient
-
-    from helpers.analysis import TAG, runs_table
-
-    query_runs, experiment, sweep = require(namespace, "query_runs", "EXPERIMENT", "SWEEP")
-    require_implemented(query_runs)
+    experiment, sweep = require(namespace, "EXPERIMENT", "SWEEP")
     uri = _uri(namespace)
-    expected = set(runs_table(experiment, uri, sweep=sweep)["run_id"])
-    if not expected:
+    if runs_table(experiment, uri, sweep=sweep).empty:
         raise CheckFailed(
             f"the experiment {experiment!r} has no finished runs of sweep {sweep}: run the training cells above first"
         )
+    return [Case((experiment, sweep, uri))]
+
+
+def _with_decoys(case: tuple[str, str, str]) -> list[tuple[str, str]]:
+    """Two decoys added to the experiment (a finished run of another sweep, a FAILED run of this one), MLflow
+    pointed at the lesson's store; the calls: the lesson's sweep, then the other one."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from helpers.analysis import TAG
+
+    experiment, sweep, uri = case
     client = MlflowClient(uri)
     experiment_id = client.get_experiment_by_name(experiment).experiment_id
-    other_sweep = f"{sweep}-decoy"
-    decoys = []
-    try:
-        for tags, status in [({"sweep": other_sweep}, "FINISHED"), ({"sweep": sweep}, "FAILED")]:
-            run = client.create_run(
-                experiment_id,
-                run_name="check-5.2-decoy",
-                tags={TAG + "lesson": "5", **{TAG + k: v for k, v in tags.items()}},
-            )
-            client.set_terminated(run.info.run_id, status)
-            decoys.append(run.info.run_id)
-        mlflow.set_tracking_uri(uri)
-        with own_work(runs_table):
-            got = _run_ids(query_runs(experiment, sweep), "query_runs")
-            other = _run_ids(query_runs(experiment, other_sweep), "query_runs")
-    finally:
-        for run_id in decoys:
-            client.delete_run(run_id)
-    finished_other, failed_same = decoys
-    if failed_same in got:
-        raise CheckFailed(
-            "a FAILED run of the sweep came back: keep only runs with attributes.status = 'FINISHED' "
-            "(a crashed job's run must not enter the analysis)"
+    for decoy_sweep, status in [(f"{sweep}-decoy", "FINISHED"), (sweep, "FAILED")]:
+        tags = {TAG + "lesson": "5", TAG + "sweep": decoy_sweep}
+        client.set_terminated(client.create_run(experiment_id, run_name=_DECOY, tags=tags).info.run_id, status)
+    mlflow.set_tracking_uri(uri)
+    return [(experiment, sweep), (experiment, f"{sweep}-decoy")]
+
+
+def _decoys(case: tuple[str, str, str]) -> dict[str, str]:
+    """The check's decoy runs in the lesson's experiment, by status."""
+    from mlflow.tracking import MlflowClient
+
+    experiment, _, uri = case
+    client = MlflowClient(uri)
+    experiment_id = client.get_experiment_by_name(experiment).experiment_id
+    found = client.search_runs([experiment_id], filter_string=f"tags.`mlflow.runName` = '{_DECOY}'")
+    return {run.info.status: run.info.run_id for run in found}
+
+
+def _remove_decoys(case: tuple[str, str, str], _made: list) -> None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(case[2])
+    for run_id in _decoys(case).values():
+        client.delete_run(run_id)
+
+
+class _RunIds(set):
+    """The run ids of a returned DataFrame (a set the answer returned is not one)."""
+
+
+def _run_ids(frame: Any, case: tuple) -> Any:
+    """The ``run_id`` column of a returned DataFrame; anything else as it is (the judge names it)."""
+    if isinstance(frame, pd.DataFrame) and "run_id" in frame.columns:
+        return _RunIds(frame["run_id"])
+    return frame
+
+
+def _query_problem(case: tuple[str, str, str], got: list[Any], _given: list) -> str | None:
+    """What is wrong with the runs the two queries returned: the lesson's sweep's finished runs only, then just
+    the other sweep's run."""
+    from helpers.analysis import TAG, runs_table
+
+    experiment, sweep, uri = case
+    ids, other = got
+    if not isinstance(ids, _RunIds) or not isinstance(other, _RunIds):
+        wrong = other if isinstance(ids, _RunIds) else ids
+        return (
+            f"returned a {type(wrong).__name__} without a run_id column: return the DataFrame from "
+            "mlflow.search_runs(...)"
         )
-    if finished_other in got:
-        raise CheckFailed(
-            f"a run of another sweep came back: filter on the sweep tag, e.g. \"tags.`{TAG}sweep` = '...'\""
+    decoys, expected = _decoys(case), set(runs_table(experiment, uri, sweep=sweep)["run_id"])
+    if decoys["FAILED"] in ids:
+        return (
+            "returned a FAILED run of the sweep: keep only runs with attributes.status = 'FINISHED' (a crashed job's "
+            "run must not enter the analysis)"
         )
-    if got != expected:
-        raise CheckFailed(
-            f"{len(got)} runs came back, the sweep has {len(expected)} finished runs: search the "
-            "experiment by name (experiment_names=[...]) and filter on the sweep tag and the status"
+    if decoys["FINISHED"] in ids:
+        return f"returned a run of another sweep: filter on the sweep tag, e.g. \"tags.`{TAG}sweep` = '...'\""
+    if ids != expected:
+        return (
+            f"returned {len(ids)} runs, the sweep has {len(expected)} finished runs: search the experiment by name "
+            "(experiment_names=[...]) and filter on the sweep tag and the status"
         )
-    if other != {finished_other}:
-        raise CheckFailed(
-            "query_runs(experiment, another_sweep) did not return just that sweep's run: use the "
-            "sweep argument, not the SWEEP variable"
-        )
-    return f"{len(got)} finished runs of this sweep, none of another sweep, no failed run"
+    if other != {decoys["FINISHED"]}:
+        return "did not return just that sweep's run for another sweep: use the sweep argument, not the SWEEP variable"
+    return None
+
+
+def _sweep_said(own: list[Case]) -> str:
+    from helpers.analysis import runs_table
+
+    experiment, sweep, uri = own[0].args
+    return (
+        f"{len(runs_table(experiment, uri, sweep=sweep))} finished runs of this sweep, none of another, no failed run"
+    )
+
+
+#: ``query_runs(experiment, sweep)``: this sweep's FINISHED runs only, from ``mlflow.search_runs``, asked for the
+#: lesson's sweep and for another one, with two decoys the check adds to the experiment (and removes again)
+query_the_runs = register("5.2")(
+    FunctionCheck(
+        "5.2",
+        answer="query_runs",
+        fixed=[],
+        from_namespace=_lessons_sweep_runs,
+        calls=_with_decoys,
+        collect=_run_ids,
+        cleanup=_remove_decoys,
+        judge=_query_problem,
+        show=lambda case: f"{case[0]!r}, <this sweep, then another>",
+        forbid=("helpers.analysis:runs_table",),
+        hint="mlflow.search_runs(experiment_names=[experiment], filter_string=...) on the sweep tag and the status",
+        passed="",
+        passed_namespace=_sweep_said,
+    )
+)
 
 
 # --- 5.3 speedup and efficiency ---------------------------------------------------------------------------------
