@@ -9,8 +9,7 @@ import os
 import random
 import shutil
 import warnings
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -25,7 +24,7 @@ from helpers.course.checks import (
     require,
     whole_number,
 )
-from helpers.course.checks.function_check import FunctionCheck, FunctionChecks, Returns
+from helpers.course.checks.function_check import Case, FunctionCheck, FunctionChecks, Returns
 from helpers.course.checks.ranks import FitStopped, check_dir, rank_report, recorded_fits, recorded_job, torchrun_env
 from helpers.logs import logger_levels
 
@@ -251,95 +250,114 @@ torch_distributor_setup = register("4.2")(
 # ---------------------------------------------------------------------------------------------------------- 4.4
 
 
-@contextmanager
-def _check_runs(uri: str, launchers: list[str], seed: int) -> Iterator[tuple[dict[str, str], dict[str, dict]]]:
-    """MLflow runs made for the check (deleted afterwards): one per launcher, each metric logged at 3 steps with
-    random values. Yields ``{launcher: run_id}`` and ``{launcher: {metric: last value}}``."""
+_CHECK_EXPERIMENT = "lesson-4-check"  # where the check writes its runs (and deletes them again)
+_CHECK_LAUNCHERS = (("horovod", "torch_distributor"), ("deepspeed", "ray", "horovod_local"))
+
+
+def _lessons_store(namespace: Mapping[str, Any]) -> list[Case]:
+    """The check's two sets of launchers, each with its seed, in the notebook's MLflow store."""
+    from helpers.tracking import tracking_uri
+
+    uri = tracking_uri(namespace.get("MLFLOW_TRACKING_URI"))
+    return [Case((launchers, seed, uri)) for seed, launchers in enumerate(_CHECK_LAUNCHERS)]
+
+
+def _check_runs(uri: str, launchers: tuple[str, ...]) -> dict[str, Any]:
+    """The check's runs of ``launchers`` in ``uri`` (by their names), ``{launcher: Run}``."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
-    name = "lesson-4-check"
-    experiment = client.get_experiment_by_name(name)
-    experiment_id = experiment.experiment_id if experiment else client.create_experiment(name)
-    rng = random.Random(seed)
-    run_ids, last = {}, {}
-    try:
-        for launcher in launchers:
-            run_id = client.create_run(experiment_id, run_name=f"check-{launcher}").info.run_id
-            run_ids[launcher] = run_id
-            for step in range(3):
-                values = {
-                    "wall_time_s": rng.uniform(5, 500),
-                    "val_loss": rng.uniform(0.05, 2.5),
-                    "val_acc": rng.uniform(0.1, 0.99),
-                }
-                others = {"train_loss_epoch": rng.uniform(0.05, 2.5), "epoch": float(step)}  # as a real run has
-                for key, value in {**values, **others}.items():
-                    client.log_metric(run_id, key, value, step=step)
-            last[launcher] = values
-            client.set_terminated(run_id)
-        yield run_ids, last
-    finally:
-        for run_id in run_ids.values():
-            client.delete_run(run_id)
+    experiment = client.get_experiment_by_name(_CHECK_EXPERIMENT)
+    runs = client.search_runs([experiment.experiment_id]) if experiment else []
+    return {
+        run.info.run_name.removeprefix("check-"): run
+        for run in runs
+        if run.info.run_name in {f"check-{n}" for n in launchers}
+    }
 
 
-@register("4.4")
-def launcher_comparison(namespace) -> str:
-    """``launcher_table(run_ids)``: one row per launcher (the index) with the last ``wall_time_s``, ``val_loss`` and
-    ``val_acc`` of each run, read from MLflow; checked on runs the check writes, under other launcher names.
+def _written_runs(case: tuple) -> tuple[dict[str, str]]:
+    """One finished run per launcher of ``case``, each metric logged at 3 steps with seeded random values; the
+    answer's call: ``{launcher: run_id}``."""
+    from mlflow.tracking import MlflowClient
 
-    Args:
-        namespace: the notebook's ``globals()``, holding ``launcher_table``, and ``MLFLOW_TRACKING_URI`` if the
-            notebook set it; the check's runs go to the experiment ``lesson-4-check`` and are deleted afterwards.
-
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``launcher_table`` is not defined, or is a stub.
-        CheckFailed: the table's index is not the launchers; its columns are not exactly ``TABLE_COLUMNS``; a value
-            is not its run's last value of the metric.
-        Delegated: the answer calls ``helpers.analysis.runs_table`` or ``helpers.tracking.metric_history``.
-        Exception: any other error from the answer or from using what it returned, unchanged (``check`` shows
-            it as a failure).
-    """
-    from helpers.analysis import runs_table
-    from helpers.tracking import metric_history, tracking_uri
-
-    launcher_table = require(namespace, "launcher_table")
-    uri = tracking_uri(namespace.get("MLFLOW_TRACKING_URI"))
-    for seed, launchers in enumerate([["horovod", "torch_distributor"], ["deepspeed", "ray", "horovod_local"]]):
-        with _check_runs(uri, launchers, seed) as (run_ids, last), own_work(runs_table, metric_history):
-            table = launcher_table(dict(run_ids))
-        _compare_table(table, launchers, last)
-    return "the last wall time, val_loss and val_acc of every run, one row per launcher"
+    launchers, seed, uri = case
+    _delete_runs(case, None)  # left by a check that was interrupted: the runs are found by their names
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(_CHECK_EXPERIMENT)
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment(_CHECK_EXPERIMENT)
+    rng, run_ids = random.Random(seed), {}
+    for launcher in launchers:
+        run_id = run_ids[launcher] = client.create_run(experiment_id, run_name=f"check-{launcher}").info.run_id
+        for step in range(3):
+            values = {
+                "wall_time_s": rng.uniform(5, 500),
+                "val_loss": rng.uniform(0.05, 2.5),
+                "val_acc": rng.uniform(0.1, 0.99),
+                "train_loss_epoch": rng.uniform(0.05, 2.5),  # as a real run has
+                "epoch": float(step),
+            }
+            for key, value in values.items():
+                client.log_metric(run_id, key, value, step=step)
+        client.set_terminated(run_id)
+    return (run_ids,)
 
 
-def _compare_table(table, launchers: list[str], last: dict[str, dict[str, float]]) -> None:
-    """``table`` holds ``last[launcher][column]`` at ``table.loc[launcher, column]`` for every launcher."""
+def _delete_runs(case: tuple, _made: tuple | None) -> None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(case[2])
+    for run in _check_runs(case[2], case[0]).values():
+        client.delete_run(run.info.run_id)
+
+
+def _table_problem(case: tuple, table: Any, _given: tuple) -> str | None:
+    """What is wrong with the answer's table: one row per launcher, exactly ``TABLE_COLUMNS``, each its run's last
+    value of the metric (read back from MLflow here)."""
+    launchers = case[0]
     index = getattr(table, "index", None)
     if index is None or sorted(map(str, index)) != sorted(launchers):
-        raise CheckFailed(
-            f"for runs of {launchers} the table's index is {None if index is None else list(index)}: "
-            "one row per launcher, named by the keys of run_ids"
+        return (
+            f"has the index {None if index is None else list(index)}: one row per launcher, named by the keys of "
+            "run_ids"
         )
     missing = [column for column in TABLE_COLUMNS if column not in table.columns]
     if missing:
-        raise CheckFailed(f"the table has no {missing[0]!r} column (columns: {list(table.columns)})")
+        return f"has no {missing[0]!r} column (columns: {list(table.columns)})"
     extra = [str(column) for column in table.columns if column not in TABLE_COLUMNS]
     if extra:
-        raise CheckFailed(
-            f"the table also has {extra}: keep only {list(TABLE_COLUMNS)}, the columns the comparison reads"
-        )
+        return f"also has {extra}: keep only {list(TABLE_COLUMNS)}, the columns the comparison reads"
+    runs = _check_runs(case[2], launchers)
     for column in TABLE_COLUMNS:
         for launcher in launchers:
-            got, expected = table.loc[launcher, column], last[launcher][column]
+            got, expected = table.loc[launcher, column], runs[launcher].data.metrics[column]
             if not close(got, expected, rel=1e-6):
-                raise CheckFailed(
-                    f"{column} of {launcher} is {got!r}, but its run's last value is {expected:.6g}: "
-                    "read client.get_run(run_id).data.metrics (the last value of each metric)"
+                return (
+                    f"has {column} {got!r} for {launcher}, but its run's last value is {expected:.6g}: read "
+                    "client.get_run(run_id).data.metrics (the last value of each metric)"
                 )
+    return None
+
+
+#: ``launcher_table(run_ids)``: one row per launcher (the index) with the last ``wall_time_s``, ``val_loss`` and
+#: ``val_acc`` of each run, read from MLflow; checked on runs the check writes to the notebook's store under other
+#: launcher names (in the experiment ``lesson-4-check``, deleted afterwards)
+launcher_comparison = register("4.4")(
+    FunctionCheck(
+        "4.4",
+        answer="launcher_table",
+        fixed=[],
+        from_namespace=_lessons_store,
+        arguments=_written_runs,
+        cleanup=_delete_runs,
+        judge=_table_problem,
+        show=lambda case: f"<run ids of {list(case[0])}>",
+        forbid=("helpers.analysis:runs_table", "helpers.tracking:metric_history"),
+        hint="a DataFrame with a row per launcher and the last wall_time_s, val_loss and val_acc of its run",
+        passed="",
+        passed_namespace="the last wall time, val_loss and val_acc of every run, one row per launcher",
+    )
+)
 
 
 # ---------------------------------------------------------------------------------------------------------- 4.3
