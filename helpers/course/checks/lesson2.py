@@ -842,6 +842,17 @@ def _best_run_problem(case: tuple, got: object, given: tuple[str, str]) -> str |
     )
 
 
+@contextmanager
+def _on_an_empty_store() -> Iterator[None]:
+    """MLflow pointed at an empty store of a temporary folder (removed afterwards) while the answer runs: an answer
+    must use the tracking_uri it is given."""
+    with (
+        tempfile.TemporaryDirectory(prefix="course-check-2.8-") as folder,
+        _isolated_mlflow(f"sqlite:///{folder}/empty.db"),
+    ):
+        yield
+
+
 #: Stretch, ``best_run(experiment, tracking_uri)``: the id of the finished run with the lowest val_loss, in an
 #: experiment the check writes to its private MLflow store with decoys (a lower FAILED or KILLED run, a run without
 #: val_loss, a lower one in another experiment)
@@ -853,8 +864,7 @@ best_run_check = register("2.8")(
         draw=_draw_experiment,
         draws=2,
         arguments=_experiment_of,
-        # MLflow pointed at an empty store while the answer runs: an answer must use the tracking_uri it is given
-        around=lambda: _isolated_mlflow(f"sqlite:///{tempfile.mkdtemp(prefix='course-check-2.8-')}/empty.db"),
+        around=_on_an_empty_store,
         judge=_best_run_problem,
         show=lambda case: f"<experiment of {len(case[0])} runs>, <the check's tracking URI>",
         hint=(
