@@ -48,7 +48,7 @@ from helpers.course.checks import (
     returned,
 )
 
-__all__ = ["NUMBER", "WHOLE", "Case", "FunctionCheck", "FunctionChecks", "Returns"]
+__all__ = ["NUMBER", "WHOLE", "Case", "Collected", "FunctionCheck", "FunctionChecks", "Returns"]
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,11 @@ class Case:
     why: str = ""
 
 
+class Collected(dict):
+    """What a declaration's ``collect`` took of an answer's result (rows, batches, what a fit logged), so that its
+    judge can tell it from whatever else the answer returned: a dict the answer returned is not one."""
+
+
 @dataclass(frozen=True)
 class FunctionCheck:
     """A check of a function on cases, declared; calling it with the answer runs it (a ``register``-ed check).
@@ -150,7 +155,8 @@ class FunctionCheck:
             ``given``, the list of their arguments.
         collect: ``collect(result, case)``, what the judge, or the comparison with the reference, gets of a result
             that is not None, taken right after the answer returns, inside the tripwire (a lazy DataFrame's rows, a
-            batch read through a returned spec): an error there is the answer's, with the hint.
+            batch read through a returned spec) as a :class:`Collected`, or the result as it is where there is nothing
+            to take (the judge names it): an error there is the answer's, with the hint.
         methods: for an exercise that asks for a class, the methods it must write: one still a stub is not attempted.
         cleanup: ``cleanup(case, made)`` undoes what ``arguments`` or ``calls`` made for a case (a table written for
             it, runs added to a store), once the check has judged.

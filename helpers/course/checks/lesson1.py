@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 
 from helpers import loaders
 from helpers.course.checks import CheckFailed, is_whole, register
-from helpers.course.checks.function_check import FunctionCheck, Returns
+from helpers.course.checks.function_check import Collected, FunctionCheck, Returns
 from helpers.workdir import work_path
 
 __all__ = [
@@ -76,10 +76,6 @@ def _class_names(rng: random.Random, count: int) -> list[str]:
     return sorted(names)
 
 
-class _Collected(dict):
-    """What a returned DataFrame held, collected by the check (a dict the answer returned is not one)."""
-
-
 def _draw_paths(rng: random.Random) -> tuple[tuple[tuple[str, str], ...]]:
     """``((path, class name), ...)``: 2 image files in each of 6 made-up class folders, under roots of several URI
     schemes, with dots in a folder and upper-case extensions."""
@@ -97,12 +93,12 @@ def _labels_by_path(out, case: tuple):
     """The label a returned DataFrame gives each path; anything else as it is (the judge names it)."""
     if not {"path", "label"} <= set(getattr(out, "columns", None) or ()):
         return out
-    return _Collected((row["path"], row["label"]) for row in out.select("path", "label").collect())
+    return Collected((row["path"], row["label"]) for row in out.select("path", "label").collect())
 
 
 def _label_problem(case: tuple[tuple[tuple[str, str], ...]], got: object, _given: tuple) -> str | None:
     """What is wrong with the labels the answer gave the case's paths, or None."""
-    if not isinstance(got, _Collected):
+    if not isinstance(got, Collected):
         what = "a DataFrame without a 'path' and a 'label' column" if hasattr(got, "columns") else type(got).__name__
         return f"returned {what}: return df with a new column named 'label' (df.withColumn('label', ...))"
     wrong = next(((path, name) for path, name in case[0] if got.get(path) != name), None)
@@ -232,7 +228,7 @@ def _ids_by_partition(out, case: tuple):
 
     if not hasattr(out, "select"):
         return out
-    ids: dict[int, list[int]] = _Collected()
+    ids: dict[int, list[int]] = Collected()
     for row in out.select(F.spark_partition_id().alias("p"), "id").collect():
         ids.setdefault(row["p"], []).append(row["id"])
     return ids
@@ -241,7 +237,7 @@ def _ids_by_partition(out, case: tuple):
 def _partitions_problem(case: tuple[int, int, int], got: object, _given: tuple) -> str | None:
     """What is wrong with how the answer spread the case's rows, or None."""
     rows, _, devices = case
-    if not isinstance(got, _Collected):
+    if not isinstance(got, Collected):
         return f"returned {type(got).__name__}: return the DataFrame, repartitioned"
     if len(got) != 2 * devices:
         return (
@@ -388,10 +384,6 @@ def _loader_fix(error: object) -> str | None:
     return next((hint for text, hint in LOADER_HINTS.items() if text in str(error)), None)
 
 
-class _Batch(dict):
-    """The first batch read through a returned spec, by the check (a dict the answer returned is not one)."""
-
-
 def _batch_through(spec: object, case: tuple[int, int]):
     """The first batch of ``case[1]`` sample rows read through ``spec`` if it is a TransformSpec; else ``spec``."""
     from petastorm import TransformSpec
@@ -401,7 +393,7 @@ def _batch_through(spec: object, case: tuple[int, int]):
     with _sample_converter().make_torch_dataloader(
         batch_size=case[1], num_epochs=1, transform_spec=spec, workers_count=2
     ) as loader:
-        return _Batch(next(iter(loader)))
+        return Collected(next(iter(loader)))
 
 
 def _spec_call(case: tuple[int, int]) -> tuple[int]:
@@ -412,7 +404,7 @@ def _spec_call(case: tuple[int, int]) -> tuple[int]:
 
 
 def _spec_problem(case: tuple[int, int], got: object, _given: tuple) -> str | None:
-    if not isinstance(got, _Batch):
+    if not isinstance(got, Collected):
         return f"returned a {type(got).__name__}: return a petastorm TransformSpec"
     return _image_batch_problem(got, *case)
 
@@ -437,11 +429,6 @@ own_transform_spec = register("1.7")(
 )
 
 
-class _Shard(dict):
-    """What the check read through a returned loader: each batch's row ids, and whether every batch carries the
-    mark that only the given spec makes."""
-
-
 def _shard_calls(case: tuple[int, int]) -> list[tuple]:
     """The calls for every shard of ``case`` (``shard_count, batch_size``), each with a converter of its own that
     records the loaders opened through it."""
@@ -454,12 +441,13 @@ def _shard_calls(case: tuple[int, int]) -> list[tuple]:
 
 def _read_shard(returned: Any, case: tuple[int, int]) -> Any:
     """The batches of a returned loader context, opened with ``with`` (at most a little more than the whole data
-    set); anything that cannot be opened as it is (the judge names it)."""
+    set): each batch's row ``ids``, and whether every batch carries the mark only the given spec makes
+    (``marked``); anything that cannot be opened as it is (the judge names it)."""
     if not hasattr(returned, "__enter__"):
         return returned
     with returned as loader:
         read = list(itertools.islice(loader, SAMPLE_ROWS // case[1] + 2))
-    return _Shard(
+    return Collected(
         ids=[batch["row_id"].tolist() for batch in read],
         marked=all("spec_mark" in batch and (batch["spec_mark"] == batch["row_id"] * 2 + 1).all() for batch in read),
     )
@@ -467,7 +455,7 @@ def _read_shard(returned: Any, case: tuple[int, int]) -> Any:
 
 def _one_shard_problem(read: Any, converter: _CountingConverter, shard_count: int, batch_size: int) -> str | None:
     """What is wrong with one shard's batches, or None."""
-    if not isinstance(read, _Shard):
+    if not isinstance(read, Collected):
         return (
             f"returned a {type(read).__name__}: return the loader's context manager "
             "(converter.make_torch_dataloader(...))"
@@ -758,18 +746,14 @@ def _steps_call(case: tuple[int, int, int, int]) -> tuple:
     return _CountingConverter(_sample_converter()), _ids_spec(), batch_size, steps, shard, shard_count
 
 
-class _Epochs(dict):
-    """What the check read from an answer's batches: ``length`` (its ``len()``), each epoch's batch sizes and the
-    row ids of every epoch in turn."""
-
-
 def _read_epochs(batches: Any, case: tuple[int, int, int, int]) -> Any:
-    """Two passes' worth of epochs of ``batches`` (at most one batch too many each), closed afterwards."""
+    """Two passes' worth of epochs of ``batches`` (at most one batch too many each), closed afterwards: its
+    ``length`` (``len()``), each epoch's batch ``sizes`` and the row ids of every epoch in turn (``stream``)."""
     shard, shard_count, batch_size, steps = case
     if not hasattr(batches, "__iter__"):
         return batches
     epochs = -(-2 * len(_shard_ids(shard, shard_count)) // (batch_size * steps))
-    read = _Epochs(length=len(batches), sizes=[], stream=[])
+    read = Collected(length=len(batches), sizes=[], stream=[])
     try:
         for _ in range(epochs):
             ids = [batch["row_id"].tolist() for batch in itertools.islice(iter(batches), steps + 1)]
@@ -783,7 +767,7 @@ def _read_epochs(batches: Any, case: tuple[int, int, int, int]) -> Any:
 def _epochs_problem(case: tuple[int, int, int, int], got: Any, given: tuple) -> str | None:
     """What is wrong with the epochs the answer's batches gave for ``case``, or None."""
     shard, shard_count, batch_size, steps = case
-    if not isinstance(got, _Epochs):
+    if not isinstance(got, Collected):
         return "made an object that cannot be iterated: define __iter__, yielding steps_per_epoch batches each time"
     if got["length"] != steps:
         return f"has len() {got['length']}, expected steps_per_epoch={steps}: Lightning asks it"

@@ -32,7 +32,7 @@ from helpers.course.checks import (
     require,
     require_implemented,
 )
-from helpers.course.checks.function_check import Case, FunctionCheck
+from helpers.course.checks.function_check import Case, Collected, FunctionCheck
 
 __all__ = [
     "best_run_check",
@@ -294,11 +294,6 @@ def _expected_validation(model, batches: list[dict[str, torch.Tensor]]) -> tuple
     return F.cross_entropy(logits, labels).item(), (logits.argmax(dim=1) == labels).float().mean().item()
 
 
-class _Stepped(dict):
-    """What the check saw of a model: ``training_step``'s output on the first batch and the cross-entropy there,
-    the metrics one epoch's fit logged, and the validation loss and accuracy computed here afterwards."""
-
-
 def _loss_of(output: Any) -> torch.Tensor | None:
     """The loss a ``training_step`` returned (itself, or ``{"loss": ...}``) if it is a scalar tensor that gradients
     flow through; else None."""
@@ -308,7 +303,9 @@ def _loss_of(output: Any) -> torch.Tensor | None:
 
 def _step_and_fit(model: Any, case: tuple[int, int]) -> Any:
     """One ``training_step`` called directly, then one epoch fitted on generated 32-pixel batches of ``case``
-    (``classes, rows``); anything that is not a LightningModule as it is (the judge names it)."""
+    (``classes, rows``): its ``output`` on the first batch and the cross-entropy ``expected`` there, what the fit
+    ``logged`` and the validation loss and accuracy computed here afterwards (``val``); anything that is not a
+    LightningModule as it is (the judge names it)."""
     classes, rows = case
     if not isinstance(model, pl.LightningModule):
         return model
@@ -318,12 +315,12 @@ def _step_and_fit(model: Any, case: tuple[int, int]) -> Any:
     with torch.no_grad():
         expected = F.cross_entropy(model(train[0]["features"]), train[0]["label_index"])
     if _loss_of(output) is None:  # nothing to fit with: the judge says so
-        return _Stepped(output=output, expected=expected)
+        return Collected(output=output, expected=expected)
     trainer = _trainer(max_epochs=1)
     trainer.fit(
         model, train_dataloaders=DataLoader(train, batch_size=None), val_dataloaders=DataLoader(val, batch_size=None)
     )
-    return _Stepped(
+    return Collected(
         output=output, expected=expected, logged=dict(trainer.callback_metrics), val=_expected_validation(model, val)
     )
 
@@ -355,7 +352,7 @@ def _logged_problem(logged: Mapping[str, Any], val_loss: float, val_acc: float) 
 
 def _steps_problem(case: tuple[int, int], got: Any, _given: tuple) -> str | None:
     """What is wrong with the model's steps: the loss ``training_step`` returns, then what the fit logged."""
-    if not isinstance(got, _Stepped):
+    if not isinstance(got, Collected):
         return f"made a {type(got).__name__}: keep MyModel a subclass of LitClassificationModel"
     loss = _loss_of(got["output"])
     if loss is None:
@@ -418,13 +415,9 @@ def _lessons_data(namespace: Mapping[str, Any]) -> list[Case]:
     return [Case((train_converter, val_converter, rng.choice([24, 40, 48]), rng.choice([8, 12])))]
 
 
-class _Loaded(dict):
-    """What the check read through one device's module: its training batches (row ids and image shape), its
-    validation rows and its ``steps_per_epoch``."""
-
-
 def _read_module(module: Any, case: tuple) -> Any:
-    """One pass of a module's training and validation loaders, then its teardown; anything that is not a
+    """One pass of a module's training and validation loaders, then its teardown: the training batches' row ids
+    and image shapes (``train``), the validation rows (``val``) and its ``steps``; anything that is not a
     DataModule as it is (the judge names it)."""
     if not isinstance(module, pl.LightningDataModule):
         return module
@@ -433,12 +426,12 @@ def _read_module(module: Any, case: tuple) -> Any:
         val = [row for rows, _ in _read(module.val_dataloader(), "val_dataloader") for row in rows]
     finally:
         module.teardown("fit")
-    return _Loaded(train=train, val=val, steps=module.steps_per_epoch)
+    return Collected(train=train, val=val, steps=module.steps_per_epoch)
 
 
 def _one_device_problem(read: Any, device: int, batch_size: int, image_size: int) -> str | None:
     """What is wrong with one device's training batches, or None."""
-    if not isinstance(read, _Loaded):
+    if not isinstance(read, Collected):
         return f"made a {type(read).__name__}: keep MyDataModule a subclass of PetastormDataModule"
     shapes = {shape for _, shape in read["train"]} - {(3, image_size, image_size)}
     if shapes:

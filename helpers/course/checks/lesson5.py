@@ -23,7 +23,7 @@ from helpers.course.checks import (
     register,
     require,
 )
-from helpers.course.checks.function_check import NUMBER, Case, FunctionCheck, Returns
+from helpers.course.checks.function_check import NUMBER, Case, Collected, FunctionCheck, Returns
 
 __all__ = [
     "acceptable_reasons",
@@ -102,14 +102,10 @@ def _remove_decoys(case: tuple[str, str, str], _made: list) -> None:
         client.delete_run(run_id)
 
 
-class _RunIds(set):
-    """The run ids of a returned DataFrame (a set the answer returned is not one)."""
-
-
 def _run_ids(frame: Any, case: tuple) -> Any:
     """The ``run_id`` column of a returned DataFrame; anything else as it is (the judge names it)."""
     if isinstance(frame, pd.DataFrame) and "run_id" in frame.columns:
-        return _RunIds(frame["run_id"])
+        return Collected(ids=set(frame["run_id"]))
     return frame
 
 
@@ -119,13 +115,13 @@ def _query_problem(case: tuple[str, str, str], got: list[Any], _given: list) -> 
     from helpers.analysis import TAG, runs_table
 
     experiment, sweep, uri = case
-    ids, other = got
-    if not isinstance(ids, _RunIds) or not isinstance(other, _RunIds):
-        wrong = other if isinstance(ids, _RunIds) else ids
+    if not all(isinstance(read, Collected) for read in got):
+        wrong = next(read for read in got if not isinstance(read, Collected))
         return (
             f"returned a {type(wrong).__name__} without a run_id column: return the DataFrame from "
             "mlflow.search_runs(...)"
         )
+    ids, other = (read["ids"] for read in got)
     decoys, expected = _decoys(case), set(runs_table(experiment, uri, sweep=sweep)["run_id"])
     if decoys["FAILED"] in ids:
         return (
