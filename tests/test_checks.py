@@ -637,6 +637,23 @@ def test_a_check_whose_cases_all_come_from_the_notebook_asks_for_the_notebook():
     assert checks._run("97.0", {"half": floor, "runs": [(8, None)]}) == (PASSED, "halved 0 numbers")
 
 
+def test_what_was_made_for_a_call_is_cleaned_up_when_making_the_next_fails():
+    cleaned = []
+
+    def made(case):
+        if case[0] == 5:
+            raise RuntimeError("the check's own failure")
+        return case
+
+    register("96.9")(
+        dataclasses.replace(
+            _halves_check("96.9"), draws=0, arguments=made, show=str, cleanup=lambda case, given: cleaned.append(case)
+        )
+    )
+    assert checks._run("96.9", {"half": lambda n: n // 2})[0] == ERROR
+    assert cleaned == [(4,)]
+
+
 def test_a_raised_error_shows_its_first_line_only():
     def raises(values):
         raise ValueError("no good\n  the plan, line by line\n  and more")

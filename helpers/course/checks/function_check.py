@@ -244,8 +244,10 @@ class FunctionCheck:
         right = [self._expected(case.args, case.expected) for case in every]
         # the answer gets (and the judge sees) a copy of each case: an answer that changes its arguments changes
         # neither the case its hint shows nor the next call's
-        given = [self._made(case) for case in cases]
+        given: list[Any] = []
         try:
+            for case in cases:  # one at a time: what was made before a failure is cleaned up too
+                given.append(self._made(case))
             results = self._results(fn, cases, given)
             for case, args, expected, why, result in zip(cases, given, right, whys, results):
                 self._judge(case, args, expected, result, why)
