@@ -486,41 +486,68 @@ def fit_autolog(model, datamodule, callbacks, max_epochs, experiment, tracking_u
 
 def fit_logger(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
     logger = MLFlowLogger(experiment_name=experiment, tracking_uri=tracking_uri)  # Lightning logs on rank 0 only
-    pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=logger, log_every_n_steps=1, **QUIET).fit(
-        model, datamodule
-    )
+    trainer = pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=logger, log_every_n_steps=1, **QUIET)
+    trainer.fit(model, datamodule)
+    return trainer
 
 
 def fit_autolog_implicit_run(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
     trainer = pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False, **QUIET)
     if trainer.is_global_zero:
+        mlflow.set_tracking_uri(tracking_uri)
         mlflow.set_experiment(experiment)
         mlflow.pytorch.autolog(log_models=False, silent=True)  # opens and ends a run around fit
     trainer.fit(model, datamodule=datamodule)
+    return trainer
+
+
+def fit_ignoring_tracking_uri(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
+    trainer = pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False, **QUIET)
+    if trainer.is_global_zero:
+        mlflow.set_experiment(experiment)  # in whatever store MLflow points at
+        mlflow.pytorch.autolog(log_models=False, silent=True)
+    trainer.fit(model, datamodule=datamodule)
+    return trainer
+
+
+def fit_returning_the_model(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
+    fit_autolog(model, datamodule, callbacks, max_epochs, experiment, tracking_uri)
+    return model
+
+
+def fit_twice(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
+    fit_autolog(model, datamodule, callbacks, max_epochs, experiment, tracking_uri)
+    return fit_autolog(model, datamodule, callbacks, max_epochs + 2, experiment, tracking_uri)
 
 
 def fit_every_rank(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_experiment(experiment)
     mlflow.pytorch.autolog(log_models=False, silent=True)
-    pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False, **QUIET).fit(model, datamodule=datamodule)
+    trainer = pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False, **QUIET)
+    trainer.fit(model, datamodule=datamodule)
+    return trainer
 
 
 def fit_no_callbacks(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
-    fit_autolog(model, datamodule, [], max_epochs, experiment, tracking_uri)
+    return fit_autolog(model, datamodule, [], max_epochs, experiment, tracking_uri)
 
 
 def fit_untracked(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
-    pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False, **QUIET).fit(model, datamodule=datamodule)
+    trainer = pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False, **QUIET)
+    trainer.fit(model, datamodule=datamodule)
+    return trainer
 
 
 def fit_run_left_open(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
     trainer = pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, logger=False, **QUIET)
     if trainer.global_rank == 0:
+        mlflow.set_tracking_uri(tracking_uri)
         mlflow.set_experiment(experiment)
         mlflow.pytorch.autolog(log_models=False, silent=True)
         mlflow.start_run()
     trainer.fit(model, datamodule=datamodule)
+    return trainer
 
 
 def fit_default_experiment(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
@@ -529,10 +556,15 @@ def fit_default_experiment(model, datamodule, callbacks, max_epochs, experiment,
         mlflow.set_tracking_uri(tracking_uri)
         mlflow.pytorch.autolog(log_models=False, silent=True)
     trainer.fit(model, datamodule=datamodule)
+    return trainer
 
 
 def fit_hard_coded_epochs(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
-    fit_autolog(model, datamodule, callbacks, 8, experiment, tracking_uri)
+    return fit_autolog(model, datamodule, callbacks, 8, experiment, tracking_uri)
+
+
+def fit_no_return(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
+    fit_autolog(model, datamodule, callbacks, max_epochs, experiment, tracking_uri)
 
 
 def fit_delegating(model, datamodule, callbacks, max_epochs, experiment, tracking_uri):
@@ -556,10 +588,26 @@ def test_2_6_right(answer):
         fit_default_experiment,
         fit_hard_coded_epochs,
         fit_delegating,
+        fit_ignoring_tracking_uri,
+        fit_returning_the_model,
+        fit_twice,
     ],
 )
 def test_2_6_wrong(answer):
     assert verdict("2.6", answer) == "failed"
+
+
+@pytest.mark.slow
+def test_2_6_hints_name_what_is_missing():
+    assert _run("2.6", fit_no_callbacks)[1] == (
+        "fit_tracked(<model>, <datamodule>, [EarlyStopping(patience=2), ModelCheckpoint], max_epochs=5, "
+        "<experiment>, <tracking_uri>) fitted without the callbacks given: pass callbacks=callbacks to the Trainer"
+    )
+    assert _run("2.6", fit_every_rank)[1].endswith(
+        "<tracking_uri>; on global rank 1) recorded an MLflow run on global rank 1: track on rank 0 only "
+        "(if trainer.global_rank == 0), or every process opens its own run"
+    )
+    assert "recorded no MLflow run at tracking_uri" in _run("2.6", fit_ignoring_tracking_uri)[1]
 
 
 @pytest.mark.slow
@@ -691,7 +739,6 @@ def test_2_7_right(answer):
         resume_weights_only,
         resume_more_epochs,
         resume_hard_coded,
-        resume_returns_nothing,
         resume_delegating,
     ],
 )
@@ -836,6 +883,8 @@ class StubDataModule(PetastormDataModule):
         ("2.7", stub),
         ("2.8", stub),
         ("2.3", {"MyModel": ...}),
+        ("2.6", fit_no_return),  # fitted, but the Trainer is not returned yet
+        ("2.7", resume_returns_nothing),
     ],
 )
 def test_stubs_are_not_attempted(exercise, answer):

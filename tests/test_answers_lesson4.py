@@ -744,6 +744,17 @@ def test_4_5_resume(answer, expected):
     assert verdict("4.5", {"resume_training": answer}) == expected
 
 
+def test_4_5_hints_name_the_folder_and_the_epochs_that_ran():
+    assert _run("4.5", {"resume_training": resume_alphabetical})[1] == (
+        "resume_training(<Trainer of max_epochs=14>, <model>, <datamodule>, <a complete folder: 12 epochs saved>) "
+        "ran epochs [10, 11, 12, 13], expected 12 to 13: pass the newest readable checkpoint as "
+        "trainer.fit(..., ckpt_path=...), None when there is none"
+    )
+    torn = _run("4.5", {"resume_training": resume_last_only})[1]  # the answer's error, with the check's hint
+    assert torn.startswith("resume_training(<Trainer of max_epochs=14>, <model>, <datamodule>, <the newest files torn")
+    assert torn.endswith("skip the files that cannot be read, fit from the newest")
+
+
 def test_4_5_a_right_answer_gets_no_warning_about_the_check_s_own_trainer():
     """Neither the check's callbacks nor its reuse of a checkpoint folder may print a Lightning warning under a
     right answer: the learner would read them as their own mistake."""

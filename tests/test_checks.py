@@ -530,23 +530,23 @@ def test_a_declared_check_calls_with_arguments_made_from_the_case_and_judges_wha
         FunctionCheck("97.7", answer="doubled", fixed=[], arguments=tuple, judge=doubled_problem, hint="", passed="")
 
 
-def test_a_declared_check_runs_every_call_of_the_answer_in_its_context():
-    entered: list[str] = []
+def test_a_declared_check_runs_every_call_of_the_answer_in_the_context_of_its_case():
+    entered: list[tuple] = []
 
     @contextlib.contextmanager
-    def around():
-        entered.append("in")
-        os.environ["COURSE_CHECK_AROUND"] = "set"
+    def around(case, given):
+        entered.append((case, given))
+        os.environ[case[0]] = "set"
         try:
             yield
         finally:
-            del os.environ["COURSE_CHECK_AROUND"]
+            del os.environ[case[0]]
 
     register("97.4")(
         FunctionCheck(
             "97.4",
             answer="env",
-            fixed=[("COURSE_CHECK_AROUND",), ("COURSE_CHECK_AROUND",)],
+            fixed=[("COURSE_CHECK_AROUND",), ("COURSE_CHECK_AROUND_TOO",)],
             reference=lambda name: "set",
             returns=Returns("a str", lambda got: isinstance(got, str), lambda got, expected: got == expected),
             around=around,
@@ -555,7 +555,23 @@ def test_a_declared_check_runs_every_call_of_the_answer_in_its_context():
         )
     )
     assert checks._run("97.4", {"env": lambda name: os.environ.get(name, "")}) == (PASSED, "read 2 times")
-    assert entered == ["in"] and "COURSE_CHECK_AROUND" not in os.environ
+    assert entered == [(("COURSE_CHECK_AROUND",),) * 2, (("COURSE_CHECK_AROUND_TOO",),) * 2]
+    assert "COURSE_CHECK_AROUND" not in os.environ and "COURSE_CHECK_AROUND_TOO" not in os.environ
+
+
+def test_a_check_of_what_a_call_does_judges_an_answer_that_returns_nothing():
+    def appended_problem(case, got, given):
+        return None if given[0] == [*case[0], case[1]] else f"left the list as {given[0]}: append the item"
+
+    declared = dict(answer="append", fixed=[([1, 2], 3)], judge=appended_problem, hint="append it", passed="appended")
+    register("97.8")(FunctionCheck("97.8", effect_only=True, **declared))
+    assert checks._run("97.8", {"append": lambda items, item: items.append(item)}) == (PASSED, "appended")
+    assert checks._run("97.8", {"append": lambda items, item: items.extend([])}) == (
+        FAILED,
+        "append([1, 2], 3) left the list as [1, 2]: append the item",
+    )
+    register("97.8")(FunctionCheck("97.8", **declared))  # a result asked for: returning None is not written yet
+    assert checks._run("97.8", {"append": lambda items, item: items.append(item)})[0] == NOT_ATTEMPTED
 
 
 def test_an_exercise_of_two_functions_is_checked_one_after_the_other():

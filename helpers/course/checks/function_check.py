@@ -22,8 +22,9 @@ Where a case cannot be handed over as it is, the declaration says how the call i
 ``arguments`` makes the call from a case (a Spark DataFrame, a Delta table written for it; ``cleanup`` removes it
 afterwards), ``calls`` makes several calls judged together (one per shard), ``collect`` takes what the judge needs of
 a lazy result while it is still the answer's work (a DataFrame's rows, batches read through a returned spec),
-``around`` is the context every call runs in (MLflow pointed at an empty store), ``methods`` names what a class must
-define. An exercise that asks for several functions is :class:`FunctionChecks`, one declaration per function.
+``around`` is the context a case's call runs in (MLflow pointed at an empty store, the rank and working directory a
+training case sets), ``methods`` names what a class must define, ``effect_only`` judges what a call did rather than
+what it returned. An exercise that asks for several functions is :class:`FunctionChecks`, one declaration each.
 """
 
 from __future__ import annotations
@@ -157,11 +158,14 @@ class FunctionCheck:
             that is not None, taken right after the answer returns, inside the tripwire (a lazy DataFrame's rows, a
             batch read through a returned spec) as a :class:`Collected`, or the result as it is where there is nothing
             to take (the judge names it): an error there is the answer's, with the hint.
+        effect_only: the exercise asks for what the call does (a fit resumed from a checkpoint), not for a result:
+            an answer that returns None is judged like any other, not taken for one not written yet.
         methods: for an exercise that asks for a class, the methods it must write: one still a stub is not attempted.
         cleanup: ``cleanup(case, made)`` undoes what ``arguments`` or ``calls`` made for a case (a table written for
             it, runs added to a store), once the check has judged.
-        around: the context every call of the answer runs in, made fresh for each check (MLflow pointed at the
-            check's own store; a library's look at the cluster patched).
+        around: ``around(case, given)``, the context the answer's call on ``case`` (with ``given``, what
+            ``arguments`` or ``calls`` made of it) runs in, made fresh for each case: MLflow pointed at the check's own
+            store, a library's look at the cluster patched, the rank and working directory a training case sets.
         passed_namespace: appended to ``passed`` where there were such cases; ``{m}`` is their number; or a function
             of those cases that says what they showed (the lesson's own numbers).
     """
@@ -183,9 +187,10 @@ class FunctionCheck:
     arguments: Callable[[tuple], tuple] | None = None
     calls: Callable[[tuple], list[tuple]] | None = None
     collect: Callable[[Any, tuple], Any] | None = None
-    around: Callable[[], AbstractContextManager] | None = None
+    around: Callable[[tuple, Any], AbstractContextManager] | None = None
     cleanup: Callable[[tuple, Any], None] | None = None
     methods: Sequence[str] = ()
+    effect_only: bool = False
     passed_namespace: str | Callable[[list[Case]], str] = ""
 
     def cases(self) -> list[tuple]:
@@ -262,11 +267,12 @@ class FunctionCheck:
 
     def _results(self, fn: Callable[..., Any], cases: list[tuple], given: list[tuple]) -> list[Any]:
         """What the answer returned (or raised) for each of ``given`` (made from ``cases``), up to the first error,
-        called inside the tripwire and the check's context."""
+        called inside the tripwire, each in the context ``around`` makes for its case."""
         results: list[Any] = []
-        with own_work(*named_helpers(*self.forbid)), self.around() if self.around else nullcontext():
+        with own_work(*named_helpers(*self.forbid)):
             for case, args in zip(cases, given):
-                results.append(self._outcome(fn, args, case))
+                with self.around(case, args) if self.around else nullcontext():
+                    results.append(self._outcome(fn, args, case))
                 if isinstance(results[-1], _Raised):
                     break
         return results
@@ -307,7 +313,8 @@ class FunctionCheck:
                 f"{self.call(case)} raised {type(got.error).__name__}: {_first_line(got.error)}{wanted}: "
                 f"{why or self._hint(case, got.error)}"
             ) from got.error
-        returned(got, self.answer)
+        if not self.effect_only:
+            returned(got, self.answer)
         if self.judge is not None:
             problem = self.judge(case, got, args)
             if problem:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
@@ -23,14 +24,11 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 from helpers.course.checks import (
-    CheckFailed,
     NotAttempted,
     close,
-    own_work,
     quiet_lightning,
     register,
     require,
-    require_implemented,
 )
 from helpers.course.checks.function_check import Case, Collected, FunctionCheck
 
@@ -366,7 +364,7 @@ def _steps_problem(case: tuple[int, int], got: Any, _given: tuple) -> str | None
 
 
 @contextmanager
-def _fit_quietly() -> Iterator[None]:
+def _fit_quietly(_case: tuple = (), _given: Any = None) -> Iterator[None]:
     """Lightning quiet, and MLflow pointed at the check's own store (the notebook's autolog logs nothing here)."""
     with quiet_lightning(), _isolated_mlflow(_tracking_store()):
         yield
@@ -551,102 +549,141 @@ callbacks = register("2.5")(
 )
 
 
-def _runs(client) -> dict[str, object]:
-    """Every run in the store, by run id."""
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    return {run.info.run_id: run for run in client.search_runs(experiments, max_results=10_000)}
+def _case_folder(tracking_uri: str) -> Path:
+    """The temporary folder of a 2.6 case, which holds its MLflow store (``sqlite:///<folder>/mlflow.db``)."""
+    return Path(tracking_uri.removeprefix("sqlite:///")).parent
 
 
-@register("2.6")
-def tracked_fit(fit_tracked) -> str:
-    """``fit_tracked(model, datamodule, callbacks, max_epochs, experiment, tracking_uri)``: a Trainer with the
-    callbacks; on global rank 0 one finished MLflow run in ``experiment`` with val_loss, none on other ranks.
-
-    Args:
-        fit_tracked: the answer, run on a tiny model and data in a temporary folder against a private MLflow
-            store: once as rank 0 with an EarlyStopping that stops after ``patience + 1`` epochs, once as a
-            simulated rank 1 with ``max_epochs=2``.
-
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``fit_tracked`` is still a stub.
-        CheckFailed: nothing was trained; the callbacks or ``max_epochs`` did not reach the Trainer; no
-            checkpoint was written; rank 0 recorded no MLflow run, more than one, one in another experiment,
-            one left open, or one without ``val_loss``; rank 1 recorded a run.
-        Delegated: the answer calls ``helpers.training.train`` or ``helpers.tracking.setup_mlflow``.
-        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
-    """
-    import mlflow
-    from mlflow.tracking import MlflowClient
+def _tracked_fit_arguments(case: tuple[int, int, int, int]) -> tuple:
+    """The call of a 2.6 case ``(rank, patience, max_epochs, seed)``: a tiny model and data, an EarlyStopping that
+    stops after exactly ``patience + 1`` epochs (its ``min_delta`` is far above any change in val_loss) and a
+    ModelCheckpoint, an experiment, and an MLflow store of the case's own, in a new temporary folder."""
     from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 
-    from helpers.tracking import setup_mlflow
-    from helpers.training import train
+    _, patience, max_epochs, seed = case
+    folder = Path(tempfile.mkdtemp(prefix="course-check-2.6-"))
+    callbacks = [
+        EarlyStopping(monitor="val_loss", min_delta=1e3, patience=patience),
+        ModelCheckpoint(dirpath=folder / "checkpoints", monitor="val_loss", save_last=True),
+    ]
+    model, data = _TinyClassifier(seed=seed), _TinyData(steps=3, seed=seed + 1)
+    return model, data, callbacks, max_epochs, f"check-2.6-{seed}", f"sqlite:///{folder / 'mlflow.db'}"
 
-    require_implemented(fit_tracked)
-    uri = _tracking_store()
-    client = MlflowClient(uri)
-    experiment, experiment_id = _new_experiment(client, "check-2.6")
-    rng = random.Random(26)
-    patience = rng.randint(1, 2)
-    max_epochs = patience + rng.randint(2, 3)
-    before = _runs(client)
-    with tempfile.TemporaryDirectory() as folder, quiet_lightning():
-        # min_delta far above any change in val_loss: EarlyStopping stops after exactly patience + 1 epochs
-        model = _TinyClassifier(seed=1)
-        given = [
-            EarlyStopping(monitor="val_loss", min_delta=1e3, patience=patience),
-            ModelCheckpoint(dirpath=Path(folder, "rank0"), monitor="val_loss", save_last=True),
-        ]
-        with _isolated_mlflow(uri), own_work(train, setup_mlflow), chdir(folder):
-            fit_tracked(model, _TinyData(steps=3, seed=2), given, max_epochs, experiment, uri)
-            left_open = mlflow.active_run() is not None
-        rank0_runs = set(_runs(client)) - set(before)
-        written = sorted(p.name for p in Path(folder, "rank0").glob("*.ckpt"))
-        other = _TinyClassifier(seed=3)
-        callbacks_other = [
-            EarlyStopping(monitor="val_loss", patience=9),
-            ModelCheckpoint(dirpath=Path(folder, "rank1"), monitor="val_loss", save_last=True),
-        ]
-        with _isolated_mlflow(uri), own_work(train, setup_mlflow), _as_rank(1), chdir(folder):
-            fit_tracked(other, _TinyData(steps=3, seed=4), callbacks_other, 2, experiment, uri)
-        rank1_runs = set(_runs(client)) - set(before) - rank0_runs
+
+@contextmanager
+def _fit_as_rank(case: tuple, given: tuple) -> Iterator[None]:
+    """A 2.6 call: quiet Lightning, MLflow on an empty store (an answer must use the tracking_uri it is given), this
+    process as the case's global rank, the case's folder as the working directory."""
+    with quiet_lightning(), _on_an_empty_store(case, given), _as_rank(case[0]), chdir(_case_folder(given[5])):
+        yield
+
+
+def _fit_and_run_state(result: Any, _case: tuple) -> Collected:
+    """The Trainer the answer returned, and whether it left an MLflow run open."""
+    import mlflow
+
+    return Collected(trainer=result, left_open=mlflow.active_run() is not None)
+
+
+def _runs_of(tracking_uri: str) -> list:
+    """Every run in a 2.6 case's store (none where the answer never opened it)."""
+    from mlflow.tracking import MlflowClient
+
+    if not (_case_folder(tracking_uri) / "mlflow.db").exists():
+        return []
+    client = MlflowClient(tracking_uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    return client.search_runs(experiments)
+
+
+def _trainer_problem(trainer: Any, model: _TinyClassifier, callbacks: list, max_epochs: int) -> str | None:
+    """What is wrong with the Trainer an answer returned and the epochs it trained, or None."""
     if not model.epochs:
-        raise CheckFailed("nothing was trained: build a pl.Trainer and call trainer.fit(model, datamodule=datamodule)")
-    if len(model.epochs) != patience + 1:
-        raise CheckFailed(
-            f"trained {len(model.epochs)} epochs where the EarlyStopping given stops after "
-            f"{patience + 1}: pass callbacks=callbacks to the Trainer"
+        return "trained nothing: build a pl.Trainer and call trainer.fit(model, datamodule=datamodule)"
+    if not isinstance(trainer, pl.Trainer) or trainer.lightning_module is not model:
+        return f"returned a {type(trainer).__name__}: return the pl.Trainer that ran the fit"
+    if not all(any(given is had for had in trainer.callbacks) for given in callbacks):
+        return "fitted without the callbacks given: pass callbacks=callbacks to the Trainer"
+    if trainer.max_epochs != max_epochs:
+        return f"made a Trainer with max_epochs={trainer.max_epochs}: pass max_epochs=max_epochs"
+    return None
+
+
+def _tracked_fit_problem(case: tuple, got: Any, given: tuple) -> str | None:
+    """What is wrong with a 2.6 answer's fit on ``given``, and the MLflow runs it recorded, or None."""
+    rank, patience, max_epochs, _ = case
+    model, _, callbacks, _, experiment, tracking_uri = given
+    if not isinstance(got, Collected):
+        return f"returned a {type(got).__name__}: return the pl.Trainer that ran the fit"
+    problem = _trainer_problem(got["trainer"], model, callbacks, max_epochs)
+    if problem:
+        return problem
+    if len(model.epochs) != min(patience + 1, max_epochs):
+        return f"trained {len(model.epochs)} epochs, expected {min(patience + 1, max_epochs)}: fit once"
+    runs = _runs_of(tracking_uri)
+    if rank != 0:
+        return (
+            "recorded an MLflow run on global rank 1: track on rank 0 only (if trainer.global_rank == 0), or "
+            "every process opens its own run"
+            if runs
+            else None
         )
-    if not written:
-        raise CheckFailed("no checkpoint was written: pass callbacks=callbacks (they hold the ModelCheckpoint)")
-    if len(other.epochs) != 2:
-        raise CheckFailed(f"with max_epochs=2 the fit ran {len(other.epochs)} epochs: pass max_epochs to the Trainer")
-    if not rank0_runs:
-        raise CheckFailed(
-            "no MLflow run was recorded: on rank 0 turn on mlflow.pytorch.autolog() (or pass an "
-            "MLFlowLogger) before trainer.fit"
+    if not runs:
+        return (
+            "recorded no MLflow run at tracking_uri: mlflow.set_tracking_uri(tracking_uri), then on rank 0 turn on "
+            "mlflow.pytorch.autolog() (or pass an MLFlowLogger) before trainer.fit"
         )
-    if len(rank0_runs) > 1:
-        raise CheckFailed(f"one fit opened {len(rank0_runs)} MLflow runs: track it as one run")
-    run = _runs(client)[rank0_runs.pop()]
-    if run.info.experiment_id != experiment_id:
-        raise CheckFailed("the run went to another experiment: mlflow.set_experiment(experiment) first")
-    if left_open or run.info.status != "FINISHED":
-        raise CheckFailed("the run is still open after the fit: end it (with mlflow.start_run(): ...)")
+    if len(runs) > 1:
+        return f"opened {len(runs)} MLflow runs for one fit: track it as one run"
+    run = runs[0]
+    from mlflow.tracking import MlflowClient
+
+    if MlflowClient(tracking_uri).get_experiment(run.info.experiment_id).name != experiment:
+        return "recorded its run in another experiment: mlflow.set_experiment(experiment) first"
+    if got["left_open"] or run.info.status != "FINISHED":
+        return "left its MLflow run open after the fit: end it (with mlflow.start_run(): ...)"
     if "val_loss" not in run.data.metrics:
-        raise CheckFailed(
-            f"the run logged {sorted(run.data.metrics)}, no val_loss: let autolog or the "
-            "MLFlowLogger log the epoch metrics"
-        )
-    if rank1_runs:
-        raise CheckFailed(
-            "a process of global rank 1 recorded an MLflow run too: track on rank 0 only "
-            "(if trainer.global_rank == 0), or every process opens its own run"
-        )
-    return "the Trainer stops early and checkpoints; rank 0 records one MLflow run with the metrics"
+        return f"logged {sorted(run.data.metrics)}, no val_loss: let autolog or the MLFlowLogger log the epoch metrics"
+    return None
+
+
+def _show_tracked_fit(case: tuple) -> str:
+    """A 2.6 call as its hint shows it: ``<model>, ..., <tracking_uri>; on global rank 1``."""
+    rank, patience, max_epochs, _ = case
+    on = f"; on global rank {rank}" if rank else ""
+    return (
+        f"<model>, <datamodule>, [EarlyStopping(patience={patience}), ModelCheckpoint], max_epochs={max_epochs}, "
+        f"<experiment>, <tracking_uri>{on}"
+    )
+
+
+#: ``fit_tracked(model, datamodule, callbacks, max_epochs, experiment, tracking_uri)``: a Trainer with the callbacks
+#: and max_epochs, returned; on global rank 0 one finished MLflow run in ``experiment`` at ``tracking_uri`` with
+#: val_loss, none on rank 1 (a simulated rank); every case in a folder and a store of its own
+tracked_fit = register("2.6")(
+    FunctionCheck(
+        "2.6",
+        answer="fit_tracked",
+        fixed=[(0, 2, 5, 1), (1, 9, 2, 3)],
+        draw=lambda rng: (0, rng.randint(1, 3), rng.randint(2, 6), rng.randint(5, 99)),
+        draws=1,
+        arguments=_tracked_fit_arguments,
+        around=_fit_as_rank,
+        collect=_fit_and_run_state,
+        judge=_tracked_fit_problem,
+        cleanup=lambda case, made: shutil.rmtree(_case_folder(made[5]), ignore_errors=True),
+        show=_show_tracked_fit,
+        forbid=("helpers.training:train", "helpers.tracking:setup_mlflow"),
+        hint=(
+            "fit a pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, ...) and return it; on global rank 0, "
+            "inside one MLflow run at tracking_uri"
+        ),
+        passed=(
+            "the Trainer stops early and checkpoints; rank 0 records one MLflow run with the metrics, rank 1 none "
+            "({n} fits)"
+        ),
+    )
+)
 
 
 def _resume_callbacks(folder: Path, patience: int) -> list[pl.Callback]:
@@ -661,102 +698,120 @@ def _resume_callbacks(folder: Path, patience: int) -> list[pl.Callback]:
     ]
 
 
-def _check_resume(resume, done: int, more: int, patience: int, steps: int, seed: int) -> None:
-    """Save a training after ``done`` epochs, let ``resume`` continue it to ``done + more`` epochs in all with
-    callbacks made like the saved ones, and raise :class:`CheckFailed` unless it continued from the checkpoint's
-    epoch, step, weights, momentum and callback state, wrote its checkpoints with the callbacks given, and
-    returned its Trainer."""
-    from helpers.training import train
+_SAVED = "saved-state.pt"  # a copy of the checkpoint as it was before the answer resumed from it (not a *.ckpt)
 
-    data = _TinyData(steps=steps, seed=seed)
-    with tempfile.TemporaryDirectory() as folder, quiet_lightning(), _isolated_mlflow(_tracking_store()):
-        saves = Path(folder, "given-checkpoints")
+
+def _saved_training(case: tuple[int, int, int, int, int]) -> tuple:
+    """The call of a 2.7 case ``(done, more, patience, steps, seed)``: a training of ``done`` epochs saved in a new
+    temporary folder (``given-checkpoints/last.ckpt``, copied to :data:`_SAVED`), and a new model, the data, the
+    checkpoint's path, ``done + more`` and callbacks made like the saved ones."""
+    done, more, patience, steps, seed = case
+    folder = Path(tempfile.mkdtemp(prefix="course-check-2.7-"))
+    saves, data = folder / "given-checkpoints", _TinyData(steps=steps, seed=seed)
+    with _fit_quietly():
         first = _trainer(max_epochs=done, enable_checkpointing=True, callbacks=_resume_callbacks(saves, patience))
         first.fit(_TinyClassifier(seed=seed + 1), datamodule=data)
-        last = saves / "last.ckpt"
-        saved = torch.load(last, map_location="cpu", weights_only=False)
-        model = _TinyClassifier(seed=seed + 2)
-        with own_work(train), chdir(folder):
-            result = resume(model, data, str(last), done + more, _resume_callbacks(saves, patience))
-        last_epoch = torch.load(last, map_location="cpu", weights_only=False)["epoch"]
-        stray = sorted(str(p.relative_to(folder)) for p in Path(folder).rglob("*.ckpt") if p.parent != saves)
-    if not model.starts:
-        raise CheckFailed("nothing was trained: call trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)")
-    start = model.starts[0]
+    shutil.copy(saves / "last.ckpt", folder / _SAVED)
+    return (
+        _TinyClassifier(seed=seed + 2),
+        data,
+        str(saves / "last.ckpt"),
+        done + more,
+        _resume_callbacks(saves, patience),
+    )
+
+
+@contextmanager
+def _resume_in_its_folder(_case: tuple, given: tuple) -> Iterator[None]:
+    """A 2.7 call: quiet Lightning, MLflow on the check's store, the case's folder as the working directory."""
+    with _fit_quietly(), chdir(Path(given[2]).parent.parent):
+        yield
+
+
+def _start_problem(start: dict, saved: dict) -> str | None:
+    """What the resumed fit, which started at ``start``, did not take from the ``saved`` checkpoint, or None."""
     if not all(torch.equal(start["weights"][k], v) for k, v in saved["state_dict"].items()):
-        raise CheckFailed(
-            "training did not start from the checkpoint's weights: pass ckpt_path=ckpt_path to trainer.fit"
-        )
-    if (start["epoch"], start["step"]) != (first.current_epoch, first.global_step):
-        raise CheckFailed(
-            f"training restarted at epoch {start['epoch']}, step {start['step']}, not epoch "
-            f"{first.current_epoch}, step {first.global_step}: loading the weights alone resets the "
-            "counters and the optimizer, pass ckpt_path to trainer.fit"
+        return "started from other weights than the checkpoint's: pass ckpt_path=ckpt_path to trainer.fit"
+    if (start["epoch"], start["step"]) != (saved["epoch"] + 1, saved["global_step"]):
+        return (
+            f"restarted at epoch {start['epoch']}, step {start['step']}, not epoch {saved['epoch'] + 1}, step "
+            f"{saved['global_step']}: loading the weights alone resets the counters and the optimizer, pass ckpt_path "
+            "to trainer.fit"
         )
     momentum = saved["optimizer_states"][0]["state"]
     if set(start["momentum"]) != set(momentum) or not all(
         torch.equal(start["momentum"][k], v["momentum_buffer"]) for k, v in momentum.items()
     ):
-        raise CheckFailed(
-            "the optimizer's momentum started afresh: pass ckpt_path to trainer.fit, which restores "
-            "the optimizer state too"
-        )
-    ran, due = len(model.epochs), min(more, patience - done + 1)  # early stopping waited done - 1 epochs already
+        return "started the optimizer's momentum afresh: pass ckpt_path to trainer.fit, which restores it too"
+    return None
+
+
+def _epochs_problem(case: tuple, ran: int) -> str | None:
+    """What is wrong with the number of epochs the resumed fit of ``case`` ran, or None."""
+    done, more, patience, _, _ = case
+    due = min(more, patience - done + 1)  # early stopping waited done - 1 epochs already
     if ran == more > due:
-        raise CheckFailed(
-            f"early stopping started over: restored from the checkpoint, it ends the fit with epoch {done + due}, "
+        return (
+            f"started early stopping over: restored from the checkpoint, it ends the fit with epoch {done + due}, "
             f"not {done + ran}: pass callbacks=callbacks to the Trainer, fit(ckpt_path=...) then restores their state"
         )
     if ran != due:
-        raise CheckFailed(
-            f"the checkpoint ends with epoch {done} and max_epochs={done + more}: the resumed fit should end with "
-            f"epoch {done + due}, not {done + ran}: max_epochs counts all epochs, pass it unchanged"
+        return (
+            f"ended with epoch {done + ran}, expected {done + due} (the checkpoint ends with epoch {done}): "
+            "max_epochs counts all epochs, pass it unchanged"
         )
+    return None
+
+
+def _resume_problem(case: tuple, got: Any, given: tuple) -> str | None:
+    """What is wrong with a 2.7 answer's resumed fit, or None."""
+    model, _, ckpt_path, _, _ = given
+    saves = Path(ckpt_path).parent
+    if not model.starts:
+        return "trained nothing: call trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)"
+    saved = torch.load(saves.parent / _SAVED, map_location="cpu", weights_only=False)
+    problem = _start_problem(model.starts[0], saved) or _epochs_problem(case, len(model.epochs))
+    if problem:
+        return problem
+    stray = sorted(str(p.relative_to(saves.parent)) for p in saves.parent.rglob("*.ckpt") if p.parent != saves)
     if stray:
-        raise CheckFailed(
-            f"checkpoints went to {stray[0]} in the working directory: give the Trainer callbacks=callbacks "
-            "(their ModelCheckpoint writes to the checkpoint's folder), no checkpoint callback of your own"
+        return (
+            f"wrote checkpoints to {stray[0]} in the working directory: give the Trainer callbacks=callbacks (their "
+            "ModelCheckpoint writes to the checkpoint's folder), no checkpoint callback of your own"
         )
-    if last_epoch != done + ran - 1:
-        raise CheckFailed(
-            "the resumed fit wrote no checkpoint: pass callbacks=callbacks to the Trainer (their ModelCheckpoint "
+    if torch.load(ckpt_path, map_location="cpu", weights_only=False)["epoch"] != saved["epoch"] + len(model.epochs):
+        return (
+            "wrote no checkpoint of the resumed epochs: pass callbacks=callbacks to the Trainer (their ModelCheckpoint "
             "continues in the checkpoint's folder)"
         )
-    if not isinstance(result, pl.Trainer) or result.lightning_module is not model:
-        raise CheckFailed(f"returned {type(result).__name__}: return the pl.Trainer that ran the fit")
+    if not isinstance(got, pl.Trainer) or got.lightning_module is not model:
+        return f"returned a {type(got).__name__}: return the pl.Trainer that ran the fit"
+    return None
 
 
-@register("2.7")
-def resumed_training(resume) -> str:
-    """``resume(model, datamodule, ckpt_path, max_epochs, callbacks)``: continues a saved training (epoch, step,
-    weights, optimizer state and the callbacks' state) until ``max_epochs`` epochs in all, with ``callbacks``, and
-    returns the Trainer; two generated cases.
-
-    Args:
-        resume: the answer, given a tiny model, its data, the ``last.ckpt`` of a training the check ran with an
-            EarlyStopping and a ModelCheckpoint, and new callbacks made like those: once where early stopping
-            (its wait count restored) stops before ``max_epochs``, once where it does not.
-
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``resume`` is still a stub.
-        CheckFailed: nothing was trained; training did not start from the checkpoint's weights, epoch and step,
-            or momentum; early stopping started over; it did not end after ``max_epochs`` epochs in all;
-            checkpoints were written outside the given ModelCheckpoint's folder, or none; the result is not
-            the Trainer that ran the fit.
-        Delegated: the answer calls ``helpers.training.train``.
-        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
-    """
-    require_implemented(resume)
-    rng = random.Random(27)
-    _check_resume(resume, done=1, more=rng.randint(1, 2), patience=rng.randint(4, 5), steps=rng.randint(3, 5), seed=5)
-    patience = rng.randint(2, 3)
-    _check_resume(
-        resume, done=2, more=patience + rng.randint(0, 1), patience=patience, steps=rng.randint(3, 5), seed=15
+#: ``resume(model, datamodule, ckpt_path, max_epochs, callbacks)``: continues a saved training (epoch, step, weights,
+#: optimizer state and the callbacks' state) until ``max_epochs`` epochs in all, with ``callbacks``, and returns the
+#: Trainer: once where early stopping (its wait count restored) stops before ``max_epochs``, once where it does not
+resumed_training = register("2.7")(
+    FunctionCheck(
+        "2.7",
+        answer="resume",
+        fixed=[(1, 2, 4, 3, 5), (2, 3, 2, 4, 15)],
+        draw=lambda rng: (1, rng.randint(1, 2), rng.randint(4, 5), rng.randint(3, 5), rng.randint(20, 99)),
+        draws=1,
+        arguments=_saved_training,
+        around=_resume_in_its_folder,
+        judge=_resume_problem,
+        cleanup=lambda case, made: shutil.rmtree(Path(made[2]).parent.parent, ignore_errors=True),
+        show=lambda case: (
+            f"<model>, <datamodule>, <last.ckpt of epoch {case[0]}>, max_epochs={case[0] + case[1]}, "
+            f"[EarlyStopping(patience={case[2]}), ModelCheckpoint]"
+        ),
+        forbid=("helpers.training:train",),
+        hint="trainer = pl.Trainer(max_epochs=max_epochs, callbacks=callbacks, ...); trainer.fit(..., ckpt_path=...)",
+        passed="training continues from the checkpoint's epoch, step, weights, optimizer and callbacks ({n} saves)",
     )
-    return "training continues from the checkpoint's epoch, step, weights, optimizer and callback state"
+)
 
 
 def _log_runs(client, experiment_id: str, finals: list[float | None], statuses: list[str]) -> list[str]:
@@ -836,7 +891,7 @@ def _best_run_problem(case: tuple, got: object, given: tuple[str, str]) -> str |
 
 
 @contextmanager
-def _on_an_empty_store() -> Iterator[None]:
+def _on_an_empty_store(_case: tuple = (), _given: Any = None) -> Iterator[None]:
     """MLflow pointed at an empty store of a temporary folder (removed afterwards) while the answer runs: an answer
     must use the tracking_uri it is given."""
     with (

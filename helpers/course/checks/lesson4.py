@@ -9,7 +9,8 @@ import os
 import random
 import shutil
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -34,7 +35,7 @@ __all__ = [
     "ddp_training_function",
     "launch_on_workers_check",
     "launcher_comparison",
-    "resume_after_lost_worker",
+    "resume_check",
     "run_recorded",
     "torch_distributor_setup",
 ]
@@ -194,7 +195,7 @@ def _distributor_problem(case: tuple[int, int], distributor: Any, _given: tuple)
     return None
 
 
-def _any_cluster():
+def _any_cluster(_case: tuple, _given: tuple):
     """TorchDistributor checks the cluster's GPUs when it is made: let it accept use_gpu=True on any cluster here."""
     from pyspark.ml.torch.distributor import Distributor
 
@@ -635,67 +636,75 @@ def _interrupted_run(folder: Path, epochs: int, torn: bool) -> None:
             path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
-def _resume_helpers() -> tuple[Any, ...]:
-    from helpers.jobs import last_checkpoint
-
-    return (last_checkpoint,)
+_SAVED_EPOCHS = 12  # more than 10: sorting the file names as text puts epoch=9 after epoch=11
+_RESUMED_TO = _SAVED_EPOCHS + 2  # the Trainer's max_epochs
 
 
-@register("4.5")
-def resume_after_lost_worker(namespace) -> str:
-    """``resume_training(trainer, model, datamodule, checkpoint_dir)`` continues from the readable checkpoint with
-    the most progress, checked on folders the check writes (more than 10 epochs, a torn newest file, none).
+def _interrupted_folder(case: tuple[str, int, bool]) -> tuple:
+    """The call of a 4.5 case ``(what, epochs saved, torn)``: a Trainer of :data:`_RESUMED_TO` epochs that counts
+    the epochs it runs, a tiny model and datamodule, and a new folder as a lost job left it (see
+    :func:`_interrupted_run`), empty where no epoch was saved."""
+    _, saved, torn = case
+    folder = check_dir("4.5")
+    folder.mkdir(parents=True)
+    model_class, data_class = _tiny_lightning()
+    with _quiet_resume(case, ()):
+        if saved:
+            _interrupted_run(folder, saved, torn)
+        # the checkpoints' own callback as well: without it Lightning warns (as lesson 2 teaches)
+        trainer = _trainer(_RESUMED_TO, [_epoch_counter()], folder)
+    return trainer, model_class(), data_class(), str(folder)
 
-    Args:
-        namespace: the notebook's ``globals()``, holding ``resume_training``; it is given a tiny CPU Trainer,
-            model and datamodule, and each checkpoint folder in turn.
 
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``resume_training`` is not defined, or is a stub.
-        CheckFailed: in one of the folders training did not run from the epoch after the newest readable
-            checkpoint (from epoch 0 without one) up to the Trainer's ``max_epochs``.
-        Delegated: the answer calls ``helpers.jobs.last_checkpoint``.
-        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
-    """
+@contextmanager
+def _quiet_resume(_case: tuple, _given: tuple) -> Iterator[None]:
+    """Lightning's info quiet, and no warning that the folder is reused: it is the interrupted run's, on purpose."""
     import logging
 
     from helpers.training import CHECKPOINT_FOLDER_REUSED
 
-    resume_training = require(namespace, "resume_training")
-    model_class, data_class = _tiny_lightning()
-    epochs = random.Random(46).randint(11, 13)
-    scenarios = [
-        ("a complete folder", epochs, False, epochs),
-        ("the newest files torn", epochs, True, epochs - 1),
-        ("no checkpoint yet", 0, False, 0),
-    ]
-    root = check_dir("4.5")
-    try:
-        with logger_levels({"pytorch_lightning": logging.ERROR}):
-            for name, saved, torn, start in scenarios:
-                folder = root / name.replace(" ", "-")
-                folder.mkdir(parents=True)
-                if saved:
-                    _interrupted_run(folder, saved, torn)
-                counter = _epoch_counter()
-                with own_work(*_resume_helpers()), warnings.catch_warnings():
-                    # the folder is the interrupted run's, reused on purpose: not a mistake to warn the learner of
-                    warnings.filterwarnings("ignore", message=CHECKPOINT_FOLDER_REUSED)
-                    # the checkpoints' own callback as well: without it Lightning warns (as lesson 2 teaches)
-                    trainer = _trainer(epochs + 2, [counter], folder)
-                    resume_training(trainer, model_class(), data_class(), str(folder))
-                if counter.epochs != list(range(start, epochs + 2)):
-                    raise CheckFailed(
-                        f"with {name} ({saved} epochs saved) training ran epochs {counter.epochs}, "
-                        f"expected {start} to {epochs + 1}: pass the newest readable checkpoint as "
-                        "trainer.fit(..., ckpt_path=...), None when there is none"
-                    )
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    return f"resumed at epoch {epochs}, at {epochs - 1} past a torn file, and at 0 without checkpoints"
+    with logger_levels({"pytorch_lightning": logging.ERROR}), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=CHECKPOINT_FOLDER_REUSED)
+        yield
+
+
+def _resumed_problem(case: tuple, got: Any, given: tuple) -> str | None:
+    """What is wrong with the epochs a 4.5 answer's fit ran, or None (what it returns is not asked for)."""
+    _, saved, torn = case
+    ran = next(callback.epochs for callback in given[0].callbacks if hasattr(callback, "epochs"))
+    start = saved - 1 if torn else saved
+    if ran == list(range(start, _RESUMED_TO)):
+        return None
+    return (
+        f"ran epochs {ran}, expected {start} to {_RESUMED_TO - 1}: pass the newest readable checkpoint as "
+        "trainer.fit(..., ckpt_path=...), None when there is none"
+    )
+
+
+#: ``resume_training(trainer, model, datamodule, checkpoint_dir)`` continues from the readable checkpoint with the
+#: most progress, on folders the check writes (more than 10 epochs, a torn newest file, none)
+resume_check = register("4.5")(
+    FunctionCheck(
+        "4.5",
+        answer="resume_training",
+        fixed=[
+            ("a complete folder", _SAVED_EPOCHS, False),
+            ("the newest files torn", _SAVED_EPOCHS, True),
+            ("no checkpoint yet", 0, False),
+        ],
+        arguments=_interrupted_folder,
+        around=_quiet_resume,
+        judge=_resumed_problem,
+        effect_only=True,
+        cleanup=lambda case, made: shutil.rmtree(made[3], ignore_errors=True),
+        show=lambda case: (
+            f"<Trainer of max_epochs={_RESUMED_TO}>, <model>, <datamodule>, <{case[0]}: {case[1]} epochs saved>"
+        ),
+        forbid=("helpers.jobs:last_checkpoint",),
+        hint="read each .ckpt's epoch and global_step, skip the files that cannot be read, fit from the newest",
+        passed=f"resumed at epoch {_SAVED_EPOCHS}, at {_SAVED_EPOCHS - 1} past a torn file, at 0 without checkpoints",
+    )
+)
 
 
 # ---------------------------------------------------------------------------------------------------------- 4.6
