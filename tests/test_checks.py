@@ -30,7 +30,7 @@ from helpers.course.checks import (
     require,
     require_implemented,
 )
-from helpers.course.checks.function_check import Case, FunctionCheck, FunctionChecks, Returns
+from helpers.course.checks.function_check import Call, Case, FunctionCheck, FunctionChecks, Returns
 
 
 @pytest.fixture(autouse=True)
@@ -572,6 +572,26 @@ def test_a_check_of_what_a_call_does_judges_an_answer_that_returns_nothing():
     )
     register("97.8")(FunctionCheck("97.8", **declared))  # a result asked for: returning None is not written yet
     assert checks._run("97.8", {"append": lambda items, item: items.append(item)})[0] == NOT_ATTEMPTED
+
+
+def test_a_declared_call_passes_keyword_arguments_on():
+    register("97.9")(
+        FunctionCheck(
+            "97.9",
+            answer="apply",
+            fixed=[(3,)],
+            arguments=lambda case: Call((lambda *, by: by * 2,), {"by": case[0]}),
+            reference=lambda by: 6,
+            show=lambda case: f"double, by={case[0]}",
+            hint="call fn(**kwargs)",
+            passed="applied",
+        )
+    )
+    assert checks._run("97.9", {"apply": lambda fn, **kwargs: fn(**kwargs)}) == (PASSED, "applied")
+    assert checks._run("97.9", {"apply": lambda fn, **kwargs: fn(by=1)}) == (
+        FAILED,
+        "apply(double, by=3) = 2, expected 6: call fn(**kwargs)",
+    )
 
 
 def test_an_exercise_of_two_functions_is_checked_one_after_the_other():

@@ -49,7 +49,7 @@ from helpers.course.checks import (
     returned,
 )
 
-__all__ = ["NUMBER", "WHOLE", "Case", "Collected", "FunctionCheck", "FunctionChecks", "Returns"]
+__all__ = ["NUMBER", "WHOLE", "Call", "Case", "Collected", "FunctionCheck", "FunctionChecks", "Returns"]
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,15 @@ class Case:
     why: str = ""
 
 
+@dataclass(frozen=True)
+class Call:
+    """A call with keyword arguments, where an exercise asks to pass them on (``launch(fn, 2, tag=7)`` must call
+    ``fn(tag=7)``): what ``arguments`` returns instead of a tuple."""
+
+    args: tuple
+    kwargs: Mapping[str, Any]
+
+
 class Collected(dict):
     """What a declaration's ``collect`` took of an answer's result (rows, batches, what a fit logged), so that its
     judge can tell it from whatever else the answer returned: a dict the answer returned is not one."""
@@ -149,7 +158,8 @@ class FunctionCheck:
         from_namespace: the cases the notebook's namespace gives (:class:`Case`, e.g. the lesson's runs), met after
             the others where the check is given the namespace; none where it finds none.
         arguments: the arguments the answer is called with, made fresh from a case (a Spark DataFrame from its rows:
-            a case that cannot be copied, such as a DataFrame, is described instead); None: a deep copy of the case.
+            a case that cannot be copied, such as a DataFrame, is described instead), or a :class:`Call` where some are
+            keywords; None: a deep copy of the case.
             Declare ``show`` with it: the hint shows the case, not its arguments.
         calls: instead of ``arguments``, the several calls one case makes, judged together (every shard of one shard
             count: disjoint, and covering the data together); the judge gets the list of their results and, as
@@ -358,11 +368,14 @@ class _Raised:
     error: Exception
 
 
-def _result(fn: Callable[..., Any], args: tuple, collect: Callable[[Any, tuple], Any] | None, case: tuple) -> Any:
-    """``fn(*args)`` (passed through ``collect`` with its ``case`` unless it is None), or the error it raised as a
-    :class:`_Raised` (a check's own verdicts, from ``collect``, pass through)."""
+def _result(
+    fn: Callable[..., Any], args: tuple | Call, collect: Callable[[Any, tuple], Any] | None, case: tuple
+) -> Any:
+    """``fn(*args)``, or ``fn(*args, **kwargs)`` of a :class:`Call` (passed through ``collect`` with its ``case``
+    unless it is None), or the error it raised as a :class:`_Raised` (a check's own verdicts, from ``collect``, pass
+    through)."""
     try:
-        result = fn(*args)
+        result = fn(*args.args, **args.kwargs) if isinstance(args, Call) else fn(*args)
         return collect(result, case) if collect is not None and result is not None else result
     except (CheckFailed, NotAttempted):
         raise

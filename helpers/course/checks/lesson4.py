@@ -25,7 +25,7 @@ from helpers.course.checks import (
     require,
     whole_number,
 )
-from helpers.course.checks.function_check import Case, FunctionCheck, FunctionChecks, Returns
+from helpers.course.checks.function_check import Call, Case, FunctionCheck, FunctionChecks, Returns
 from helpers.course.checks.ranks import FitStopped, check_dir, rank_report, recorded_fits, recorded_job, torchrun_env
 from helpers.logs import logger_levels
 
@@ -75,88 +75,96 @@ def _where_rank(tag: int) -> dict[str, Any]:
     return RankZeroReport(report) if hvd.rank() == 0 else report
 
 
-def _launched(launch_on_workers, count: int, tag: int) -> Any:
-    """What the answer returned for ``count`` processes of :func:`_where_rank`; a stall between differently named
-    collectives (the default name of ``hvd.allgather_object`` is the value's type) as the learner's failure."""
-    from helpers.horovod_runner import HorovodWorkerError
-    from helpers.jobs import STALL_TIMEOUT_ENV, StalledCollectiveError
-
-    try:
-        with mock.patch.dict(os.environ, {STALL_TIMEOUT_ENV: _CHECK_STALL_S}):
-            return launch_on_workers(_where_rank, count, tag=tag)
-    except HorovodWorkerError as error:
-        _, stall, stalled = error.reason.partition(f"{StalledCollectiveError.__name__}: ")
-        if not stall:
-            raise
-        raise CheckFailed(
-            f"the ranks of launch_on_workers(fn, {count}) never met in one collective: {stalled}. Horovod "
-            "pairs collectives up by name, and hvd.allgather_object names its own after the type of the value, "
-            "which differs where rank 0 returns another type (train_hvd: a result on rank 0, None on the others): "
-            "give it a name"
-        ) from None
+def _tag(count: int) -> int:
+    """The keyword argument ``fn`` is given in the call for ``count`` processes: a number the answer cannot know."""
+    return random.Random(count).randrange(10**6)
 
 
-def _judge_every_rank(returned: Any, count: int, tag: int) -> None:
-    """Raise :class:`CheckFailed` unless ``returned`` is every rank's report of :func:`_where_rank`, in rank order,
-    each from a Spark task."""
-    call = f"launch_on_workers(fn, {count}, tag={tag})"
-    if not isinstance(returned, list | tuple) or not all(isinstance(r, dict) for r in returned):
-        raise CheckFailed(
-            f"{call} returned {returned!r:.300}, expected a list of every rank's value: `run` hands back "
-            "rank 0's value only, so gather every rank's inside the function it runs (hvd.allgather_object)"
-        )
-    if len(returned) != count:
-        raise CheckFailed(f"{call} returned {len(returned)} values, expected one per process: start num_workers")
-    ranks = [(r.get("rank"), r.get("size")) for r in returned]
-    if ranks != [(rank, count) for rank in range(count)]:
-        raise CheckFailed(
-            f"{call} returned the values of (rank, size) {ranks}, expected ranks 0 to {count - 1} of {count}, "
-            "in rank order: each process's own value, gathered (hvd.allgather_object gathers in rank order)"
-        )
-    if any(r.get("tag") != tag for r in returned):
-        raise CheckFailed("fn did not get its keyword arguments: call fn(**kwargs) in every process")
-    on_driver = [r["rank"] for r in returned if r.get("executor") is None]
-    if on_driver:
-        raise CheckFailed(
-            f"ranks {on_driver} ran on the driver, not in Spark tasks: np=-N starts N processes "
-            "on this machine, np=+N starts them as Spark tasks on the workers"
-        )
-
-
-@register("4.1")
-def launch_on_workers_check(namespace) -> str:
-    """``launch_on_workers(fn, num_workers, **kwargs)``: ``fn(**kwargs)`` runs as Horovod processes in Spark tasks
-    and every rank's value comes back, in rank order; called for 1 process and for the notebook's ``WORKERS``.
-
-    Args:
-        namespace: the notebook's ``globals()``, holding ``launch_on_workers`` and ``WORKERS`` (default 2), with
-            an active SparkSession whose workers the processes run on.
-
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``launch_on_workers`` is not defined, or is a stub.
-        CannotCheck: Horovod is not installed here (Databricks Runtime 16.0 ML and later): the answer is not run.
-        CheckFailed: ``WORKERS`` is not a whole number; the ranks waited in differently named collectives; the
-            result is not a list of every rank's value in rank order; ``fn`` did not get its keyword arguments; a
-            rank ran on the driver, not in a Spark task.
-        Exception: any other error from the answer (e.g. ``HorovodRunner``'s), unchanged (``check`` shows it as
-            a failure).
-    """
+def _process_counts(namespace: Mapping[str, Any]) -> list[Case]:
+    """4.1's calls: for 1 process and for the notebook's ``WORKERS``. Horovod must be installed here (it is not on
+    Databricks Runtime 16.0 ML and later), else the answer cannot be checked: it is not run."""
     from helpers import CourseInputError
     from helpers.devices import require_horovod
 
-    launch_on_workers = require(namespace, "launch_on_workers")
     workers = _workers(namespace)
     try:
         require_horovod("This exercise (Horovod on Spark)")
     except CourseInputError as missing:
         raise CannotCheck(str(missing)) from None
-    for count in sorted({1, workers}):
-        tag = random.Random(count).randrange(10**6)
-        _judge_every_rank(_launched(launch_on_workers, count, tag), count, tag)
-    return f"every rank's value came back, in rank order, from 1 and {workers} Horovod processes in Spark tasks"
+    return [Case((count,)) for count in sorted({1, workers})]
+
+
+def _short_stalls(_case: tuple, _given: Call) -> Any:
+    """The check's Horovod jobs stall out after :data:`_CHECK_STALL_S` seconds, not the default minutes."""
+    from helpers.jobs import STALL_TIMEOUT_ENV
+
+    return mock.patch.dict(os.environ, {STALL_TIMEOUT_ENV: _CHECK_STALL_S})
+
+
+def _launch_hint(_case: tuple, error: Any) -> str:
+    """What to fix after the answer's launch raised ``error``: a stall between differently named collectives (the
+    default name of ``hvd.allgather_object`` is the value's type) gets its own hint."""
+    from helpers.jobs import StalledCollectiveError
+
+    _, stall, stalled = str(getattr(error, "reason", None) or "").partition(f"{StalledCollectiveError.__name__}: ")
+    if stall:
+        return (
+            f"the ranks never met in one collective ({stalled}). Horovod pairs collectives up by name, and "
+            "hvd.allgather_object names its own after the type of the value, which differs where rank 0 returns "
+            "another type (train_hvd: a result on rank 0, None on the others): give it a name"
+        )
+    return "run fn(**kwargs) in num_workers Horovod processes in Spark tasks and gather every rank's value"
+
+
+def _every_rank_problem(case: tuple[int], returned: Any, _given: Call) -> str | None:
+    """What is wrong with what the answer returned for ``case[0]`` processes of :func:`_where_rank`, or None: it
+    must be every rank's report, in rank order, each from a Spark task."""
+    count = case[0]
+    if not isinstance(returned, list | tuple) or not all(isinstance(r, dict) for r in returned):
+        return (
+            f"returned {returned!r:.300}, expected a list of every rank's value: `run` hands back rank 0's value "
+            "only, so gather every rank's inside the function it runs (hvd.allgather_object)"
+        )
+    if len(returned) != count:
+        return f"returned {len(returned)} values, expected one per process: start num_workers"
+    ranks = [(r.get("rank"), r.get("size")) for r in returned]
+    if ranks != [(rank, count) for rank in range(count)]:
+        return (
+            f"returned the values of (rank, size) {ranks}, expected ranks 0 to {count - 1} of {count}, in rank "
+            "order: each process's own value, gathered (hvd.allgather_object gathers in rank order)"
+        )
+    if any(r.get("tag") != _tag(count) for r in returned):
+        return "ran fn without its keyword arguments: call fn(**kwargs) in every process"
+    on_driver = [r["rank"] for r in returned if r.get("executor") is None]
+    if on_driver:
+        return (
+            f"ran ranks {on_driver} on the driver, not in Spark tasks: np=-N starts N processes on this machine, "
+            "np=+N starts them as Spark tasks on the workers"
+        )
+    return None
+
+
+#: ``launch_on_workers(fn, num_workers, **kwargs)``: ``fn(**kwargs)`` runs as Horovod processes in Spark tasks and
+#: every rank's value comes back, in rank order; called for 1 process and for the notebook's ``WORKERS`` (given the
+#: notebook's ``globals()``, with an active SparkSession whose workers the processes run on)
+launch_on_workers_check = register("4.1")(
+    FunctionCheck(
+        "4.1",
+        answer="launch_on_workers",
+        fixed=[],
+        from_namespace=_process_counts,
+        arguments=lambda case: Call((_where_rank, case[0]), {"tag": _tag(case[0])}),
+        around=_short_stalls,
+        judge=_every_rank_problem,
+        show=lambda case: f"fn, {case[0]}, tag={_tag(case[0])}",
+        hint=_launch_hint,
+        passed="",
+        passed_namespace=lambda own: (
+            f"every rank's value came back, in rank order, from {' and '.join(str(c.args[0]) for c in own)} "
+            "Horovod processes in Spark tasks"
+        ),
+    )
+)
 
 
 # ---------------------------------------------------------------------------------------------------------- 4.2
