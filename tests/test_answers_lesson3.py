@@ -535,6 +535,15 @@ def test_3_6_wrong(batched, answer):
     assert status == "failed", (status, message)
 
 
+@pytest.mark.slow
+def test_3_6_hint_names_the_ranks_numbers_and_the_mean_of_ratios(batched):
+    assert batched("3.6", "accuracy_mean_of_ratios")[1] == (
+        "global_accuracy(<(correct, count) (1, 10) on rank 0, (9, 10) on rank 1, (0, 80) on rank 2>) returned "
+        "0.3333333333333333 on rank 0, expected 0.1000 (the mean of the ranks' accuracies: weight each by its count): "
+        "sum correct and count over all ranks (hvd.allreduce(..., op=hvd.Sum)) and divide"
+    )
+
+
 def accuracy_one_rank_raises(correct, count):
     """Right on every rank but one, which raises: the others wait in the allreduce until the job ends them."""
     if hvd.rank() == 1:

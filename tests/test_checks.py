@@ -594,6 +594,14 @@ def test_a_declared_call_passes_keyword_arguments_on():
     )
 
 
+def test_calls_made_as_ranks_are_declared_with_their_job():
+    declared = dict(answer="mean", fixed=[(1, 2)], judge=lambda case, got, given: None, hint="", passed="")
+    with pytest.raises(TypeError, match="declare calls= and launch="):
+        FunctionCheck("97.10", processes=2, launch=lambda processes, job, kwargs: None, **declared)
+    with pytest.raises(TypeError, match="declare calls= and launch="):
+        FunctionCheck("97.10", processes=2, calls=lambda case: [case, case], show=str, **declared)
+
+
 def test_an_exercise_of_two_functions_is_checked_one_after_the_other():
     register("97.3")(FunctionChecks((_halves_check("97.3"), _tail_check("97.3"))))
     floor, last = (lambda n: n // 2), (lambda values: values[-1])  # noqa: E731

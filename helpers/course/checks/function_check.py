@@ -32,7 +32,7 @@ from __future__ import annotations
 import copy
 import numbers
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -170,6 +170,11 @@ class FunctionCheck:
             to take (the judge names it): an error there is the answer's, with the hint.
         effect_only: the exercise asks for what the call does (a fit resumed from a checkpoint), not for a result:
             an answer that returns None is judged like any other, not taken for one not written yet.
+        processes: where the exercise is about processes, how many make a case's ``calls``, one each, at once: call
+            ``i`` in rank ``i`` of a job that ``launch`` starts (every case in one job), the judge then gets every
+            rank's result in rank order. A rank's error ends the job, and ``launch`` says which rank raised what.
+        launch: ``launch(processes, job, kwargs)`` runs ``job(**kwargs)`` in ``processes`` real processes and
+            returns rank 0's result (lesson 3: local Horovod processes).
         methods: for an exercise that asks for a class, the methods it must write: one still a stub is not attempted.
         cleanup: ``cleanup(case, made)`` undoes what ``arguments`` or ``calls`` made for a case (a table written for
             it, runs added to a store), once the check has judged.
@@ -201,6 +206,8 @@ class FunctionCheck:
     cleanup: Callable[[tuple, Any], None] | None = None
     methods: Sequence[str] = ()
     effect_only: bool = False
+    processes: int = 0
+    launch: Callable[[int, Callable[..., Any], dict[str, Any]], Any] | None = None
     passed_namespace: str | Callable[[list[Case]], str] = ""
 
     def cases(self) -> list[tuple]:
@@ -244,8 +251,32 @@ class FunctionCheck:
             raise TypeError(f"check {self.exercise_id}: arguments= or calls= makes the calls: declare show= too")
         if self.calls is not None and (self.arguments is not None or self.judge is None):
             raise TypeError(f"check {self.exercise_id}: calls= replaces arguments=, and its results need a judge")
+        if self.processes and (self.calls is None or self.launch is None):
+            raise TypeError(
+                f"check {self.exercise_id}: processes= runs a case's calls as ranks: declare calls= and launch="
+            )
 
     def __call__(self, answer: Any) -> str:
+        judging = self.steps(answer)
+        try:
+            launch = next(judging)  # a check of calls made as ranks: the job that makes them
+        except StopIteration as done:
+            return done.value
+        try:
+            gathered = self.launch(*launch)
+        except BaseException:
+            judging.close()  # what was made for the calls is cleaned up
+            raise
+        try:
+            judging.send(gathered)
+        except StopIteration as done:
+            return done.value
+        raise RuntimeError(f"check {self.exercise_id} launched more than once")
+
+    def steps(self, answer: Any) -> Generator[tuple[int, Callable[..., Any], dict[str, Any]], Any, str]:
+        """The check of ``answer`` as a generator that returns the success message; where the calls are made as
+        ranks (``processes``), it first yields the job that makes them, ``(processes, job, kwargs)``, and is sent
+        rank 0's result (lesson 3's ``check_answers`` runs the jobs of many answers as one)."""
         fn = require(answer, self.answer) if isinstance(answer, Mapping) else answer
         require_implemented(fn, *(getattr(fn, name, None) for name in self.methods))
         own = self.from_namespace(answer) if self.from_namespace and isinstance(answer, Mapping) else []
@@ -263,7 +294,11 @@ class FunctionCheck:
         try:
             for case in cases:  # one at a time: what was made before a failure is cleaned up too
                 given.append(self._made(case))
-            results = self._results(fn, cases, given)
+            if self.processes:
+                gathered = yield self.processes, _as_ranks, {"check": self, "fn": fn, "cases": cases, "given": given}
+                results = [None if None in per_rank else per_rank for per_rank in gathered]
+            else:
+                results = self._results(fn, cases, given)
             for case, args, expected, why, result in zip(cases, given, right, whys, results):
                 self._judge(case, args, expected, result, why)
         finally:
@@ -355,6 +390,22 @@ class FunctionChecks:
         return "; ".join(part(namespace) for part in self.parts)
 
 
+def _as_ranks(check: FunctionCheck, fn: Callable[..., Any], cases: list[tuple], given: list[list[Any]]) -> Any:
+    """In each process of a check's job (local Horovod): this rank's call of every case, ``given[case][rank]``, in
+    the tripwire and the case's context; on rank 0, per case, every rank's result (collected) in rank order."""
+    import horovod.torch as hvd
+
+    hvd.init()
+    gathered = []
+    with own_work(*named_helpers(*check.forbid, imported_only=True)):
+        for index, (case, calls) in enumerate(zip(cases, given)):
+            with check.around(case, calls) if check.around else nullcontext():
+                result = _called(fn, calls[hvd.rank()])
+                mine = check.collect(result, case) if check.collect is not None and result is not None else result
+            gathered.append(hvd.allgather_object(mine, name=f"the check gathering every rank's result {index}"))
+    return gathered
+
+
 def _first_line(error: Exception) -> str:
     """An error's message up to its first line break (Spark's go on with the query plan)."""
     text = str(error).strip()
@@ -368,6 +419,11 @@ class _Raised:
     error: Exception
 
 
+def _called(fn: Callable[..., Any], args: tuple | Call) -> Any:
+    """``fn(*args)``, or ``fn(*args, **kwargs)`` of a :class:`Call`."""
+    return fn(*args.args, **args.kwargs) if isinstance(args, Call) else fn(*args)
+
+
 def _result(
     fn: Callable[..., Any], args: tuple | Call, collect: Callable[[Any, tuple], Any] | None, case: tuple
 ) -> Any:
@@ -375,7 +431,7 @@ def _result(
     unless it is None), or the error it raised as a :class:`_Raised` (a check's own verdicts, from ``collect``, pass
     through)."""
     try:
-        result = fn(*args.args, **args.kwargs) if isinstance(args, Call) else fn(*args)
+        result = _called(fn, args)
         return collect(result, case) if collect is not None and result is not None else result
     except (CheckFailed, NotAttempted):
         raise

@@ -12,6 +12,7 @@ import io
 import json
 import math
 import os
+import random
 import signal
 import sys
 import time
@@ -903,58 +904,42 @@ def horovod_by_hand(namespace) -> str:
 # --- 3.6 (stretch) ----------------------------------------------------------------------------------------------
 
 
-def _accuracy_job(global_accuracy, cases: list[list[tuple[int, int]]]) -> list[list[Any]]:
-    """In each Horovod process: ``global_accuracy(correct, count)`` with this rank's numbers, per case."""
-    import horovod.torch as hvd
-
-    hvd.init()
-    results = []
-    for case in cases:
-        correct, count = case[hvd.rank()]
-        got = global_accuracy(correct, count)
-        answer = float(got) if isinstance(got, (int, float, np.number)) else got
-        results.append(hvd.allgather_object(answer, name="the check gathering every rank's answer"))
-    return results
+def _draw_shards(rng: random.Random) -> tuple[tuple[int, int], ...]:
+    """Every rank's ``(correct, count)`` on its validation shard, one per check process."""
+    counts = [rng.randint(5, 199) for _ in range(CHECK_PROCESSES)]
+    return tuple((rng.randint(0, count), count) for count in counts)
 
 
-@register("3.6")
-@_one_launch
-def global_accuracy_check(global_accuracy) -> str:
-    """``global_accuracy(correct, count)``: the accuracy over every rank's validation shard, on every rank.
+def _accuracy_problem(case: tuple[tuple[int, int], ...], per_rank: list[Any], _given: list[tuple]) -> str | None:
+    """What is wrong with the accuracy each rank's call returned, or None: every rank must get the accuracy over
+    all shards."""
+    expected = sum(correct for correct, _ in case) / sum(count for _, count in case)
+    for rank, got in enumerate(per_rank):
+        if isinstance(got, bool) or not close(got, expected, rel=1e-6):
+            mean = sum(correct / count for correct, count in case) / len(case)
+            why = " (the mean of the ranks' accuracies: weight each by its count)" if close(got, mean, rel=1e-6) else ""
+            return (
+                f"returned {got!r} on rank {rank}, expected {expected:.4f}{why}: sum correct and count over all ranks "
+                "(hvd.allreduce(..., op=hvd.Sum)) and divide"
+            )
+    return None
 
-    Args:
-        global_accuracy: the answer, run in ``CHECK_PROCESSES`` local Horovod processes on two seeded cases of
-            per-rank ``(correct, count)``.
 
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``global_accuracy`` is still a stub.
-        CheckFailed: a rank's result is not ``sum(correct) / sum(count)`` over all ranks; or a rank raised
-            (the hint names it and its last error line).
-        CourseInputError: Horovod is not installed, or ``global_accuracy`` cannot be pickled for the workers
-            (from ``HorovodRunner.run``).
-    """
-    require_implemented(global_accuracy)
-    rng = np.random.default_rng(CHECK_SEED)
-    cases = []
-    for _ in range(2):
-        counts = rng.integers(5, 200, CHECK_PROCESSES)
-        cases.append([(int(rng.integers(0, c + 1)), int(c)) for c in counts])
-    results = yield CHECK_PROCESSES, _accuracy_job, {"global_accuracy": global_accuracy, "cases": cases}
-    for case, per_rank in zip(cases, results):
-        expected = sum(c for c, _ in case) / sum(n for _, n in case)
-        for rank, got in enumerate(per_rank):
-            if isinstance(got, bool) or not close(got, expected, rel=1e-6):
-                mean = sum(c / n for c, n in case) / len(case)
-                why = (
-                    " (the mean of the ranks' accuracies: weight each by its count)"
-                    if close(got, mean, rel=1e-6)
-                    else ""
-                )
-                raise CheckFailed(
-                    f"rank {rank} got {got!r}, expected {expected:.4f}{why}: sum correct and count "
-                    "over all ranks (hvd.allreduce(..., op=hvd.Sum)) and divide"
-                )
-    return "every rank gets the same, correctly weighted accuracy over all shards"
+#: ``global_accuracy(correct, count)``: the accuracy over every rank's validation shard, on every rank; called in
+#: ``CHECK_PROCESSES`` local Horovod processes at once, each with its own ``(correct, count)``
+global_accuracy_check = register("3.6")(
+    FunctionCheck(
+        "3.6",
+        answer="global_accuracy",
+        fixed=[((1, 10), (9, 10), (0, 80))],  # the mean of the ranks' accuracies is 0.333, the accuracy 0.1
+        draw=_draw_shards,
+        draws=1,
+        calls=lambda case: [tuple(shard) for shard in case],
+        processes=CHECK_PROCESSES,
+        launch=_launch,
+        judge=_accuracy_problem,
+        show=lambda case: f"<(correct, count) {', '.join(f'{shard} on rank {r}' for r, shard in enumerate(case))}>",
+        hint="sum correct and count over all ranks (hvd.allreduce(..., op=hvd.Sum)) and divide",
+        passed="every rank gets the same, correctly weighted accuracy over all shards ({n} cases)",
+    )
+)
