@@ -296,7 +296,7 @@ class FunctionCheck:
                 given.append(self._made(case))
             if self.processes:
                 gathered = yield self.processes, _as_ranks, {"check": self, "fn": fn, "cases": cases, "given": given}
-                results = [None if None in per_rank else per_rank for per_rank in gathered]
+                results = [None if any(got is None for got in per_rank) else per_rank for per_rank in gathered]
             else:
                 results = self._results(fn, cases, given)
             for case, args, expected, why, result in zip(cases, given, right, whys, results):
