@@ -29,6 +29,9 @@ warnings.warn_explicit("IProgress not found. Please update jupyter and ipywidget
 """
 
 
+_SPARK_JVM_OPTIONS = ("SPARK_LAUNCHER_OPTS", "SPARK_SUBMIT_OPTS")  # bin/spark-class's launcher JVM; the driver's
+
+
 def _python(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter of this environment, from the repository, without an inherited
     PYTHONWARNINGS (unless ``env`` gives one)."""
@@ -85,7 +88,9 @@ def test_the_driver_s_jvm_prints_no_banner_and_no_native_hadoop_warning_but_erro
         "spark.sparkContext._jvm.org.apache.logging.log4j.LogManager.getLogger('course').error('a real error')\n"
         "assert spark.range(3).count() == 3\n"
         "spark.stop()\n",
-        env={"COURSE_WORK_DIR": str(tmp_path)},
+        # a learner's JVM: no JAVA_TOOL_OPTIONS (which prints its own banner); the suite's JVMs still write no
+        # hsperfdata folder into the machine's /tmp: through Spark's own options for its launcher and driver JVMs
+        env={"COURSE_WORK_DIR": str(tmp_path), **{name: "-XX:-UsePerfData" for name in _SPARK_JVM_OPTIONS}},
     )
     assert done.returncode == 0, done.stderr
     assert "Setting default log level" not in done.stderr
