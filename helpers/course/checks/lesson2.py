@@ -611,6 +611,8 @@ def _trainer_problem(trainer: Any, model: _TinyClassifier, callbacks: list, max_
 
 def _tracked_fit_problem(case: tuple, got: Any, given: tuple) -> str | None:
     """What is wrong with a 2.6 answer's fit on ``given``, and the MLflow runs it recorded, or None."""
+    from mlflow.tracking import MlflowClient
+
     rank, patience, max_epochs, _ = case
     model, _, callbacks, _, experiment, tracking_uri = given
     if not isinstance(got, Collected):
@@ -636,8 +638,6 @@ def _tracked_fit_problem(case: tuple, got: Any, given: tuple) -> str | None:
     if len(runs) > 1:
         return f"opened {len(runs)} MLflow runs for one fit: track it as one run"
     run = runs[0]
-    from mlflow.tracking import MlflowClient
-
     if MlflowClient(tracking_uri).get_experiment(run.info.experiment_id).name != experiment:
         return "recorded its run in another experiment: mlflow.set_experiment(experiment) first"
     if got["left_open"] or run.info.status != "FINISHED":
