@@ -596,12 +596,20 @@ def _runs_of(tracking_uri: str) -> list:
     return client.search_runs(experiments)
 
 
+def _not_the_trainer(got: Any, model: pl.LightningModule) -> str | None:
+    """Unless ``got`` is the Trainer that fitted ``model``, what to return instead (2.6 and 2.7 ask for it)."""
+    if isinstance(got, pl.Trainer) and got.lightning_module is model:
+        return None
+    return f"returned a {type(got).__name__}: return the pl.Trainer that ran the fit"
+
+
 def _trainer_problem(trainer: Any, model: _TinyClassifier, callbacks: list, max_epochs: int) -> str | None:
     """What is wrong with the Trainer an answer returned and the epochs it trained, or None."""
     if not model.epochs:
         return "trained nothing: build a pl.Trainer and call trainer.fit(model, datamodule=datamodule)"
-    if not isinstance(trainer, pl.Trainer) or trainer.lightning_module is not model:
-        return f"returned a {type(trainer).__name__}: return the pl.Trainer that ran the fit"
+    problem = _not_the_trainer(trainer, model)
+    if problem:
+        return problem
     if not all(any(given is had for had in trainer.callbacks) for given in callbacks):
         return "fitted without the callbacks given: pass callbacks=callbacks to the Trainer"
     if trainer.max_epochs != max_epochs:
@@ -615,8 +623,6 @@ def _tracked_fit_problem(case: tuple, got: Any, given: tuple) -> str | None:
 
     rank, patience, max_epochs, _ = case
     model, _, callbacks, _, experiment, tracking_uri = given
-    if not isinstance(got, Collected):
-        return f"returned a {type(got).__name__}: return the pl.Trainer that ran the fit"
     problem = _trainer_problem(got["trainer"], model, callbacks, max_epochs)
     if problem:
         return problem
@@ -784,9 +790,7 @@ def _resume_problem(case: tuple, got: Any, given: tuple) -> str | None:
             "wrote no checkpoint of the resumed epochs: pass callbacks=callbacks to the Trainer (their ModelCheckpoint "
             "continues in the checkpoint's folder)"
         )
-    if not isinstance(got, pl.Trainer) or got.lightning_module is not model:
-        return f"returned a {type(got).__name__}: return the pl.Trainer that ran the fit"
-    return None
+    return _not_the_trainer(got, model)
 
 
 #: ``resume(model, datamodule, ckpt_path, max_epochs, callbacks)``: continues a saved training (epoch, step, weights,
