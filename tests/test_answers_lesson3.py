@@ -134,6 +134,26 @@ def test_3_1_wrong(batched, answer):
     assert status == "failed", (status, message)
 
 
+@pytest.mark.slow
+def test_3_1_hints_name_the_converter_and_the_fix(batched, converters):
+    train = converters["train_converter"]
+    shown = f"my_shard_ids(<a converter of {len(train)} rows in {len(train.file_urls)} files>)"
+    assert batched("3.1", "shard_ids_two_shards")[1] == (
+        f"{shown} made two ranks read the same rows: shard by hvd.rank() and hvd.size()"
+    )
+    assert batched("3.1", "shard_ids_one_batch")[1].startswith(f"{shown} read ")
+    assert batched("3.1", "shard_ids_one_batch")[1].endswith(
+        " rows on all ranks together: read one full epoch (num_epochs=1)"
+    )
+    no_init = batched("3.1", "shard_ids_no_init")[1]
+    assert "raised ValueError: Horovod has not been initialized" in no_init, no_init
+    assert no_init.endswith(
+        ": call hvd.init(), then read one full epoch of this rank's shard: make_loader(converter, "
+        "..., cur_shard=hvd.rank(), shard_count=hvd.size(), num_epochs=1)"
+    ), no_init
+    assert "calls helpers.datamodule.PetastormDataModule" in batched("3.1", "shard_ids_datamodule")[1]
+
+
 def test_3_1_stub_is_not_attempted(converters):
     def my_shard_ids(converter): ...
 
@@ -234,8 +254,64 @@ def distributed_by_strategy(model, optimizer, backward_passes_per_step):
     return strategy._distributed(optimizer, backward_passes_per_step)
 
 
-RIGHT_33 = [distributed_keywords, distributed_wrap_first]
-WRONG_33 = [distributed_no_state, distributed_one_pass, distributed_plain, distributed_by_strategy]
+def distributed_listed(model, optimizer, backward_passes_per_step):
+    distributed = hvd.DistributedOptimizer(
+        optimizer, named_parameters=list(model.named_parameters()), backward_passes_per_step=backward_passes_per_step
+    )
+    hvd.broadcast_optimizer_state(distributed, root_rank=0)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    return distributed
+
+
+def distributed_fixed_passes(model, optimizer, backward_passes_per_step):
+    distributed = hvd.DistributedOptimizer(optimizer, model.named_parameters(), backward_passes_per_step=3)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(distributed, root_rank=0)
+    return distributed
+
+
+def distributed_rate_by_hand(model, optimizer, backward_passes_per_step):
+    """The learning rate set to a guess on every rank instead of broadcast from rank 0."""
+    for group in optimizer.param_groups:
+        group["lr"] = 0.02
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    return hvd.DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters(), backward_passes_per_step=backward_passes_per_step
+    )
+
+
+def distributed_no_params(model, optimizer, backward_passes_per_step):
+    distributed = hvd.DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters(), backward_passes_per_step=backward_passes_per_step
+    )
+    hvd.broadcast_optimizer_state(distributed, root_rank=0)
+    return distributed
+
+
+RIGHT_33 = [distributed_keywords, distributed_wrap_first, distributed_listed]
+WRONG_33 = [
+    distributed_no_state,
+    distributed_one_pass,
+    distributed_plain,
+    distributed_by_strategy,
+    distributed_fixed_passes,
+    distributed_rate_by_hand,
+    distributed_no_params,
+]
+
+
+@pytest.mark.slow
+def test_3_3_hints_name_what_each_rank_was_left_with(batched):
+    """Each wrong kind is named: the learning rates the ranks were left with, the backward passes, the weights."""
+    assert batched("3.3", "distributed_no_state")[1] == (
+        "make_distributed(<a Linear(4, 2) and its SGD, with other weights and learning rate on each rank>, 1) left "
+        "the ranks' optimizers different (learning rates [0.02, 0.04, 0.06]): broadcast rank 0's optimizer state too "
+        "(its settings and momentum buffers, e.g. after a resume): hvd.broadcast_optimizer_state(optimizer, "
+        "root_rank=0)"
+    )
+    assert "made backward_passes_per_step 3: pass it on" in batched("3.3", "distributed_fixed_passes")[1]
+    assert "different weights: hvd.broadcast_parameters" in batched("3.3", "distributed_no_params")[1]
+    assert "which does this exercise for you: write it yourself" in batched("3.3", "distributed_by_strategy")[1]
 
 
 @pytest.mark.slow
@@ -557,7 +633,11 @@ def test_batched_wrong_answer_between_right_ones_gets_its_own_verdict(capfd):
     message), and the right answer after it, whose ranks start after a failed rank left the others waiting, passes.
     The one-answer check shows the learner its hint alone, not a wall of the ranks' tracebacks before it."""
     alone = _run("3.6", accuracy_one_rank_raises)
-    assert alone == ("failed", "rank 1 of 3 raised ValueError: rank 1 gave up")
+    assert alone == (
+        "failed",
+        "rank 1 of 3 raised ValueError: rank 1 gave up: sum correct and count over all ranks (hvd.allreduce(..., "
+        "op=hvd.Sum)) and divide",
+    )
     said = capfd.readouterr()
     assert "Traceback" not in said.out + said.err and "rank 1 gave up" not in said.out + said.err, said
     first, middle, last = check_answers("3.6", [accuracy_allreduce, accuracy_one_rank_raises, accuracy_gather])
@@ -571,7 +651,7 @@ def _by_names(answers) -> dict:
 #: Each exercise's corpus in the order it is batched: a wrong answer between right ones, in every batch.
 BATCHES = {
     "3.1": _by_names([RIGHT_31[0], *WRONG_31[:2], RIGHT_31[1], *WRONG_31[2:]]),
-    "3.3": _by_names([RIGHT_33[0], *WRONG_33[:2], RIGHT_33[1], *WRONG_33[2:]]),
+    "3.3": _by_names([RIGHT_33[0], *WRONG_33[:2], RIGHT_33[1], *WRONG_33[2:], RIGHT_33[2]]),
     "3.4": {
         "recipe": RIGHT_35["recipe"],
         **{case: WRONG_35[case][0] for case in list(WRONG_35)[:4]},

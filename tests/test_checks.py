@@ -595,11 +595,44 @@ def test_a_declared_call_passes_keyword_arguments_on():
 
 
 def test_calls_made_as_ranks_are_declared_with_their_job():
-    declared = dict(answer="mean", fixed=[(1, 2)], judge=lambda case, got, given: None, hint="", passed="")
-    with pytest.raises(TypeError, match="declare calls= and launch="):
-        FunctionCheck("97.10", processes=2, launch=lambda processes, job, kwargs: None, **declared)
-    with pytest.raises(TypeError, match="declare calls= and launch="):
-        FunctionCheck("97.10", processes=2, calls=lambda case: [case, case], show=str, **declared)
+    declared = dict(answer="mean", fixed=[(1, 2)], hint="", passed="")
+    with pytest.raises(TypeError, match="declare launch= and a judge="):
+        FunctionCheck("97.10", processes=2, judge=lambda case, got, given: None, **declared)
+    with pytest.raises(TypeError, match="declare launch= and a judge="):
+        FunctionCheck("97.10", processes=2, launch=lambda processes, job, kwargs: None, reference=max, **declared)
+
+
+def _failing_launch(error: Exception):
+    def launch(processes, job, kwargs):
+        raise error
+
+    return launch
+
+
+def test_a_job_that_fails_gets_the_hint_and_what_was_made_is_cleaned_up():
+    """The launcher names the rank and its error; the check adds its hint (a delegated answer keeps its own
+    message), and cleans up what it made for the calls either way."""
+    cleaned = []
+    declared = dict(
+        answer="mean",
+        fixed=[(1, 2)],
+        calls=lambda case: [case, case],
+        show=str,
+        judge=lambda case, got, given: None,
+        processes=2,
+        cleanup=lambda case, made: cleaned.append(case),
+        hint="average over every rank",
+        passed="",
+    )
+    failed = FunctionCheck(
+        "97.11", launch=_failing_launch(CheckFailed("rank 1 of 2 raised ValueError: no")), **declared
+    )
+    with pytest.raises(CheckFailed, match="^rank 1 of 2 raised ValueError: no: average over every rank$"):
+        failed(lambda a, b: a)
+    delegated = FunctionCheck("97.11", launch=_failing_launch(checks.Delegated("your answer calls h")), **declared)
+    with pytest.raises(checks.Delegated, match="^your answer calls h$"):
+        delegated(lambda a, b: a)
+    assert cleaned == [(1, 2), (1, 2)]
 
 
 def test_an_exercise_of_two_functions_is_checked_one_after_the_other():

@@ -25,12 +25,18 @@ a lazy result while it is still the answer's work (a DataFrame's rows, batches r
 ``around`` is the context a case's call runs in (MLflow pointed at an empty store, the rank and working directory a
 training case sets), ``methods`` names what a class must define, ``effect_only`` judges what a call did rather than
 what it returned. An exercise that asks for several functions is :class:`FunctionChecks`, one declaration each.
+
+Where the exercise is about processes, ``processes`` makes a case's calls at once as ranks of one real job that
+``launch`` starts (lesson 3: local Horovod), every case in that job; the judge gets every rank's result. The check is
+then a generator of steps (:meth:`FunctionCheck.steps`) that yields the job and is sent its result, so that
+:func:`drive` runs one answer and lesson 3's ``check_answers`` runs the jobs of many answers as one.
 """
 
 from __future__ import annotations
 
 import copy
 import numbers
+import os
 import random
 from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -39,6 +45,7 @@ from typing import Any
 
 from helpers.course.checks import (
     CheckFailed,
+    Delegated,
     NotAttempted,
     close,
     is_whole,
@@ -49,7 +56,18 @@ from helpers.course.checks import (
     returned,
 )
 
-__all__ = ["NUMBER", "WHOLE", "Call", "Case", "Collected", "FunctionCheck", "FunctionChecks", "Returns"]
+__all__ = [
+    "NUMBER",
+    "WHOLE",
+    "Call",
+    "Case",
+    "Collected",
+    "FunctionCheck",
+    "FunctionChecks",
+    "Returns",
+    "drive",
+    "resume",
+]
 
 
 @dataclass(frozen=True)
@@ -170,9 +188,11 @@ class FunctionCheck:
             to take (the judge names it): an error there is the answer's, with the hint.
         effect_only: the exercise asks for what the call does (a fit resumed from a checkpoint), not for a result:
             an answer that returns None is judged like any other, not taken for one not written yet.
-        processes: where the exercise is about processes, how many make a case's ``calls``, one each, at once: call
-            ``i`` in rank ``i`` of a job that ``launch`` starts (every case in one job), the judge then gets every
-            rank's result in rank order. A rank's error ends the job, and ``launch`` says which rank raised what.
+        processes: where the exercise is about processes, how many make a case's calls at once, as ranks of a job
+            that ``launch`` starts (every case in one job): rank ``i`` makes ``calls``' call ``i``, or every rank the
+            call ``arguments`` makes; the judge then gets every rank's result in rank order. Or a function of the
+            cases that says how many (no more than the data has shards). A rank's error ends the job: ``launch``
+            says which rank raised what, and the check adds its hint (the first case's).
         launch: ``launch(processes, job, kwargs)`` runs ``job(**kwargs)`` in ``processes`` real processes and
             returns rank 0's result (lesson 3: local Horovod processes).
         methods: for an exercise that asks for a class, the methods it must write: one still a stub is not attempted.
@@ -206,7 +226,7 @@ class FunctionCheck:
     cleanup: Callable[[tuple, Any], None] | None = None
     methods: Sequence[str] = ()
     effect_only: bool = False
-    processes: int = 0
+    processes: int | Callable[[list[tuple]], int] = 0
     launch: Callable[[int, Callable[..., Any], dict[str, Any]], Any] | None = None
     passed_namespace: str | Callable[[list[Case]], str] = ""
 
@@ -251,32 +271,19 @@ class FunctionCheck:
             raise TypeError(f"check {self.exercise_id}: arguments= or calls= makes the calls: declare show= too")
         if self.calls is not None and (self.arguments is not None or self.judge is None):
             raise TypeError(f"check {self.exercise_id}: calls= replaces arguments=, and its results need a judge")
-        if self.processes and (self.calls is None or self.launch is None):
+        if self.processes and (self.launch is None or self.judge is None):
             raise TypeError(
-                f"check {self.exercise_id}: processes= runs a case's calls as ranks: declare calls= and launch="
+                f"check {self.exercise_id}: processes= runs a case's calls as ranks: declare launch= and a judge="
             )
 
     def __call__(self, answer: Any) -> str:
-        judging = self.steps(answer)
-        try:
-            launch = next(judging)  # a check of calls made as ranks: the job that makes them
-        except StopIteration as done:
-            return done.value
-        try:
-            gathered = self.launch(*launch)
-        except BaseException:
-            judging.close()  # what was made for the calls is cleaned up
-            raise
-        try:
-            judging.send(gathered)
-        except StopIteration as done:
-            return done.value
-        raise RuntimeError(f"check {self.exercise_id} launched more than once")
+        return drive(self.steps(answer), self.launch)
 
     def steps(self, answer: Any) -> Generator[tuple[int, Callable[..., Any], dict[str, Any]], Any, str]:
         """The check of ``answer`` as a generator that returns the success message; where the calls are made as
         ranks (``processes``), it first yields the job that makes them, ``(processes, job, kwargs)``, and is sent
-        rank 0's result (lesson 3's ``check_answers`` runs the jobs of many answers as one)."""
+        rank 0's result, or thrown the error that ended the job (lesson 3's ``check_answers`` runs the jobs of many
+        answers as one)."""
         fn = require(answer, self.answer) if isinstance(answer, Mapping) else answer
         require_implemented(fn, *(getattr(fn, name, None) for name in self.methods))
         own = self.from_namespace(answer) if self.from_namespace and isinstance(answer, Mapping) else []
@@ -295,7 +302,7 @@ class FunctionCheck:
             for case in cases:  # one at a time: what was made before a failure is cleaned up too
                 given.append(self._made(case))
             if self.processes:
-                gathered = yield self.processes, _as_ranks, {"check": self, "fn": fn, "cases": cases, "given": given}
+                gathered = yield from self._ranks(fn, cases, given)
                 results = [None if any(got is None for got in per_rank) else per_rank for per_rank in gathered]
             else:
                 results = self._results(fn, cases, given)
@@ -309,6 +316,17 @@ class FunctionCheck:
             return message
         said = self.passed_namespace
         return message + (said(own) if callable(said) else said.format(m=len(own)))
+
+    def _ranks(self, fn: Callable[..., Any], cases: list[tuple], given: list[Any]) -> Generator[tuple, Any, Any]:
+        """Yield the job that makes every case's calls as ranks; per case, every rank's result (or raise the error
+        that ended the job, with the hint)."""
+        processes = self.processes(cases) if callable(self.processes) else self.processes
+        try:
+            return (yield processes, _as_ranks, {"check": self, "fn": fn, "cases": cases, "given": given})
+        except Delegated:
+            raise
+        except CheckFailed as error:
+            raise CheckFailed(f"{error}: {self._hint(cases[0], error)}") from None
 
     def _results(self, fn: Callable[..., Any], cases: list[tuple], given: list[tuple]) -> list[Any]:
         """What the answer returned (or raised) for each of ``given`` (made from ``cases``), up to the first error,
@@ -390,20 +408,51 @@ class FunctionChecks:
         return "; ".join(part(namespace) for part in self.parts)
 
 
-def _as_ranks(check: FunctionCheck, fn: Callable[..., Any], cases: list[tuple], given: list[list[Any]]) -> Any:
-    """In each process of a check's job (local Horovod): this rank's call of every case, ``given[case][rank]``, in
-    the tripwire and the case's context; on rank 0, per case, every rank's result (collected) in rank order."""
+def drive(judging: Generator[tuple, Any, str], launch: Callable[..., Any] | None) -> str:
+    """Run a check made of steps (:meth:`FunctionCheck.steps`): ``launch`` the job it yields, if it yields one,
+    send it the result or throw in the error; the success message."""
+    try:
+        job = next(judging)
+    except StopIteration as done:
+        return done.value
+    try:
+        gathered = launch(*job)
+    except BaseException as error:  # noqa: BLE001 - the steps say what it means (and clean up)
+        return resume(judging, error=error)
+    return resume(judging, gathered)
+
+
+def resume(judging: Generator[tuple, Any, str], result: Any = None, error: BaseException | None = None) -> str:
+    """Send a check's steps the result of the job they yielded (or throw in its ``error``); the success message."""
+    try:
+        if error is not None:
+            judging.throw(error)
+        else:
+            judging.send(result)
+    except StopIteration as done:
+        return done.value
+    raise RuntimeError("a check launched more than one job")
+
+
+def _as_ranks(check: FunctionCheck, fn: Callable[..., Any], cases: list[tuple], given: list[Any]) -> Any:
+    """In each process of a check's job (local Horovod): this rank's call of every case (``given[case][rank]`` of
+    its ``calls``, else ``given[case]``), in the tripwire and the case's context; on rank 0, per case, every rank's
+    result (collected) in rank order. Horovod is started for the gathering, after the calls: an answer that must
+    start it itself (3.1) is not helped, and ``around`` starts it where the exercise's function runs in a started
+    process."""
     import horovod.torch as hvd
 
-    hvd.init()
-    gathered = []
+    mine = []
     with own_work(*named_helpers(*check.forbid, imported_only=True)):
-        for index, (case, calls) in enumerate(zip(cases, given)):
-            with check.around(case, calls) if check.around else nullcontext():
-                result = _called(fn, calls[hvd.rank()])
-                mine = check.collect(result, case) if check.collect is not None and result is not None else result
-            gathered.append(hvd.allgather_object(mine, name=f"the check gathering every rank's result {index}"))
-    return gathered
+        for case, made in zip(cases, given):
+            with check.around(case, made) if check.around else nullcontext():
+                rank = int(os.environ["HOROVOD_RANK"])  # set before Horovod starts
+                result = _called(fn, made[rank] if check.calls is not None else made)
+                mine.append(check.collect(result, case) if check.collect is not None and result is not None else result)
+    hvd.init()
+    return [
+        hvd.allgather_object(got, name=f"the check gathering every rank's result {i}") for i, got in enumerate(mine)
+    ]
 
 
 def _first_line(error: Exception) -> str:

@@ -33,9 +33,8 @@ from helpers.course.checks import (
     own_work,
     register,
     require,
-    require_implemented,
 )
-from helpers.course.checks.function_check import NUMBER, FunctionCheck
+from helpers.course.checks.function_check import NUMBER, Case, FunctionCheck, drive, resume
 from helpers.jobs import write_atomically
 
 __all__ = [
@@ -89,13 +88,7 @@ def _one_launch(steps):
     is sent rank 0's result and returns the success message (``check_answers`` runs many through one job)."""
 
     def check(answer) -> str:
-        judging = steps(answer)
-        launch = next(judging)
-        try:
-            judging.send(_launch(*launch))
-        except StopIteration as done:
-            return done.value
-        raise RuntimeError(f"{steps.__name__} launches more than once")
+        return drive(steps(answer), _launch)
 
     check.steps = steps
     check.__doc__ = steps.__doc__
@@ -147,19 +140,9 @@ def check_answers(exercise_id: str, answers: list[Any]) -> list[tuple[str, str]]
     for processes, group in started.items():
         got = _launch_batch(processes, [(job, kwargs) for _, _, (_, job, kwargs) in group])
         for (index, judging, _), (result, error) in zip(group, got):
-            outcomes[index] = _judged(lambda judging=judging, r=result, e=error, n=processes: _finish(judging, r, e, n))
+            thrown = _as_hint(error, processes) if error is not None else None  # as _launch raises it
+            outcomes[index] = _judged(lambda judging=judging, r=result, e=thrown: resume(judging, r, e))
     return outcomes
-
-
-def _finish(judging, result: Any, error: Any, processes: int) -> str:
-    """Judge one answer of a batch as ``_one_launch`` does: its worker error as a hint, or its rank 0 result."""
-    if error is not None:
-        raise _as_hint(error, processes)
-    try:
-        judging.send(result)
-    except StopIteration as done:
-        return done.value
-    raise RuntimeError("a check launches more than once")
 
 
 def _launch_batch(processes: int, launches: list[tuple[Any, dict[str, Any]]]) -> list[tuple[Any, Any]]:
@@ -262,63 +245,64 @@ def _spread(per_rank: list[list[float]]) -> float:
 # --- 3.1 --------------------------------------------------------------------------------------------------------
 
 
-def _shard_job(my_shard_ids, converters) -> list[list[list[int]]]:
-    """In each Horovod process: the answer's shard of each converter; rank 0 returns every rank's ids."""
+def _horovod_started(_case: tuple, _given: Any) -> contextlib.AbstractContextManager:
+    """Where the exercise's function runs in a training process: Horovod is started before the call."""
     import horovod.torch as hvd
 
-    with own_work(
-        *named_helpers("helpers.datamodule:PetastormDataModule", "helpers.loaders:PetastormBatches", imported_only=True)
-    ):
-        ids = [[int(i) for i in my_shard_ids(converter)] for converter in converters]
     hvd.init()
-    return hvd.allgather_object(ids, name="the check gathering every rank's shard ids")
+    return contextlib.nullcontext()
 
 
-def _shard_problem(shards: list[list[int]], rows: int) -> str | None:
-    """Why ``shards`` (one list of row ids per rank) are not one epoch split into disjoint shards, or None."""
+def _lesson_converters(namespace) -> list[Case]:
+    """The lesson's training and validation converters, one case each."""
+    train_converter, val_converter = require(namespace, "train_converter", "val_converter")
+    return [Case((train_converter,)), Case((val_converter,))]
+
+
+def _shard_processes(cases: list[tuple]) -> int:
+    """``CHECK_PROCESSES``, or fewer where a converter has fewer Parquet files: Petastorm shards by file."""
+    return min(CHECK_PROCESSES, *(len(converter.file_urls) for (converter,) in cases))
+
+
+def _shard_problem(case: tuple, shards: list[list[int]], _given: tuple) -> str | None:
+    """Why ``shards`` (one list of row ids per rank) are not one epoch of ``case``'s converter split into disjoint
+    shards, or None."""
+    rows, read = len(case[0]), set().union(*shards)
     sizes = [len(s) for s in shards]
     if min(sizes) == 0:
-        return f"shard sizes {sizes}: use cur_shard=hvd.rank(), shard_count=hvd.size()"
-    if sum(len(set(s)) for s in shards) != len(set().union(*shards)):
-        return "two ranks read the same rows: shard by hvd.rank() and hvd.size()"
-    if len(set().union(*shards)) != rows:
-        return f"the ranks read {len(set().union(*shards))} of {rows} rows: read one full epoch (num_epochs=1)"
+        return f"read shards of {sizes} rows on the ranks: use cur_shard=hvd.rank(), shard_count=hvd.size()"
+    if sum(len(set(s)) for s in shards) != len(read):
+        return "made two ranks read the same rows: shard by hvd.rank() and hvd.size()"
+    if len(read) != rows:
+        return f"read {len(read)} of the {rows} rows on all ranks together: read one full epoch (num_epochs=1)"
     return None
 
 
-@register("3.1")
-@_one_launch
-def init_and_shard(namespace) -> str:
-    """``my_shard_ids(converter)``: after ``hvd.init()``, the row ids of this rank's shard, one full epoch.
-
-    Args:
-        namespace: the notebook's ``globals()``, holding ``my_shard_ids``, ``train_converter`` and
-            ``val_converter``; ``my_shard_ids`` runs on both converters in ``CHECK_PROCESSES`` local Horovod
-            processes (fewer if a converter has fewer Parquet files).
-
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: one of the three names is not defined, or ``my_shard_ids`` is a stub.
-        CheckFailed: for either converter a rank's shard is empty, two ranks read the same rows, or the ranks
-            together do not read every row once; or a rank raised (the hint names it and its last error line).
-        Delegated: a rank uses ``PetastormDataModule`` or ``PetastormBatches``.
-        CourseInputError: Horovod is not installed, or ``my_shard_ids`` or the converters cannot be pickled
-            for the workers (from ``HorovodRunner.run``).
-    """
-    my_shard_ids, train_converter, val_converter = require(
-        namespace, "my_shard_ids", "train_converter", "val_converter"
+#: ``my_shard_ids(converter)``: after ``hvd.init()``, the row ids of this rank's shard, one full epoch; called on
+#: the lesson's ``train_converter`` and ``val_converter`` in ``CHECK_PROCESSES`` local Horovod processes at once
+#: (fewer where a converter has fewer Parquet files), which together must read each converter's rows once
+init_and_shard = register("3.1")(
+    FunctionCheck(
+        "3.1",
+        answer="my_shard_ids",
+        fixed=[],
+        from_namespace=_lesson_converters,
+        arguments=tuple,
+        collect=lambda ids, _case: [int(i) for i in ids],
+        processes=_shard_processes,
+        launch=_launch,
+        judge=_shard_problem,
+        forbid=["helpers.datamodule:PetastormDataModule", "helpers.loaders:PetastormBatches"],
+        show=lambda case: f"<a converter of {len(case[0])} rows in {len(case[0].file_urls)} files>",
+        hint="call hvd.init(), then read one full epoch of this rank's shard: make_loader(converter, ..., "
+        "cur_shard=hvd.rank(), shard_count=hvd.size(), num_epochs=1)",
+        passed="",
+        passed_namespace=lambda own: (
+            f"{_shard_processes([case.args for case in own])} ranks read disjoint shards that cover the training "
+            "and the validation data"
+        ),
     )
-    converters = [train_converter, val_converter]
-    # Petastorm shards by Parquet file: never ask for more shards than the smallest converter has files.
-    processes = min(CHECK_PROCESSES, *(len(c.file_urls) for c in converters))
-    per_converter = zip(*(yield processes, _shard_job, {"my_shard_ids": my_shard_ids, "converters": converters}))
-    for converter, shards in zip(converters, per_converter):
-        problem = _shard_problem(list(shards), len(converter))
-        if problem:
-            raise CheckFailed(problem)
-    return f"{processes} ranks read disjoint shards that cover the training and the validation data"
+)
 
 
 # --- 3.2 --------------------------------------------------------------------------------------------------------
@@ -365,93 +349,94 @@ learning_rate_scaling = register("3.2")(
 # --- 3.3 --------------------------------------------------------------------------------------------------------
 
 
-def _wrap_job(make_distributed, passes_cases: list[int]) -> list[dict[str, Any]]:
-    """In each Horovod process, per case: a model initialised differently per rank, ``make_distributed``, then
-    one optimizer step made of ``passes`` backward passes on rank-specific data."""
+def _rank_inputs(case: tuple[int, ...]) -> list[tuple[Any, Any, int]]:
+    """Each rank's ``(model, optimizer, backward_passes_per_step)`` for a case: weights and a learning rate of its
+    own, so that only broadcasting both makes the ranks agree."""
+    import torch
+
+    (passes,) = case
+    inputs = []
+    for rank in range(CHECK_PROCESSES):
+        torch.manual_seed(100 * passes + rank)
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * (passes + 2 * rank + 1), momentum=0.9)
+        inputs.append((model, optimizer, passes))
+    return inputs
+
+
+def _one_step(distributed, case: tuple[int, ...]) -> dict[str, Any]:
+    """In each rank, right after ``make_distributed`` returned: the weights and learning rate it left, then one
+    optimizer step of ``passes`` backward passes on this rank's own data, and the weights after it."""
     import horovod.torch as hvd
     import torch
 
-    hvd.init()
-    results = []
-    for case, passes in enumerate(passes_cases):
-        torch.manual_seed(100 * case + hvd.rank())
-        model = torch.nn.Linear(4, 2)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        calls: dict[str, Any] = {}
-        with (
-            _Spy(hvd, ["broadcast_optimizer_state"], calls),
-            own_work(*named_helpers(_STRATEGY, imported_only=True)),
-        ):
-            distributed = make_distributed(model, optimizer, passes)
-        if distributed is None:
-            return None
-        started = {"weights": _flat_weights(model), "state_broadcast": bool(calls)}
-        distributed.zero_grad()
-        for _ in range(passes):
-            model(torch.randn(8, 4)).pow(2).mean().backward()
-        distributed.step()
-        results.append(
-            {
-                "distributed": hasattr(distributed, "synchronize"),
-                "optimizer": type(distributed).__name__,
-                "passes": getattr(distributed, "backward_passes_per_step", None),
-                "started": hvd.allgather_object(started, name="the check gathering every rank's start weights"),
-                "weights": hvd.allgather_object(_flat_weights(model), name="the check gathering every rank's weights"),
-            }
+    (passes,) = case
+    params = [p for group in distributed.param_groups for p in group["params"]]
+    seen = {
+        "optimizer": type(distributed).__name__,
+        "distributed": hasattr(distributed, "synchronize"),
+        "passes": getattr(distributed, "backward_passes_per_step", None),
+        "learning_rate": distributed.param_groups[0]["lr"],
+        "started": [float(x) for p in params for x in p.detach().flatten().tolist()],
+    }
+    if not seen["distributed"] or seen["passes"] != passes:
+        return seen  # judged on these alone: a step would stop at Horovod's own count of the backward passes
+    data = torch.Generator().manual_seed(hvd.rank())
+    distributed.zero_grad()
+    for _ in range(passes):
+        sum((p * torch.randn(p.shape, generator=data)).pow(2).sum() for p in params).backward()
+    distributed.step()
+    return {**seen, "weights": [float(x) for p in params for x in p.detach().flatten().tolist()]}
+
+
+def _distributed_problem(case: tuple[int, ...], per_rank: list[dict[str, Any]], given: list) -> str | None:
+    """What is wrong with every rank's optimizer and weights, or None: each must hold rank 0's weights and learning
+    rate (as ``given``), and the weights must stay the same after a step."""
+    (passes,) = case
+    first = per_rank[0]
+    if not first["distributed"]:
+        return f"returned a {first['optimizer']}: return hvd.DistributedOptimizer(...)"
+    if first["passes"] != passes:
+        return f"made backward_passes_per_step {first['passes']}: pass it on to hvd.DistributedOptimizer"
+    if _spread([rank["started"] for rank in per_rank]) > SYNCED:
+        return "left the ranks with different weights: hvd.broadcast_parameters(model.state_dict(), root_rank=0)"
+    rates = [rank["learning_rate"] for rank in per_rank]
+    if rates != [given[0][1].param_groups[0]["lr"]] * len(rates):
+        return (
+            f"left the ranks' optimizers different (learning rates {rates}): broadcast rank 0's optimizer state "
+            "too (its settings and momentum buffers, e.g. after a resume): hvd.broadcast_optimizer_state(optimizer, "
+            "root_rank=0)"
         )
-    return results
+    if _spread([rank["weights"] for rank in per_rank]) > SYNCED:
+        return (
+            "left the ranks with different weights after one step: average the gradients with "
+            "hvd.DistributedOptimizer(optimizer, named_parameters=...)"
+        )
+    return None
 
 
-@register("3.3")
-@_one_launch
-def distributed_optimizer(make_distributed) -> str:
-    """``make_distributed(model, optimizer, backward_passes_per_step)``: broadcast, then DistributedOptimizer.
-
-    Args:
-        make_distributed: the answer, run in ``CHECK_PROCESSES`` local Horovod processes on a model initialised
-            differently per rank, for 1 and 3 backward passes per step.
-
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: ``make_distributed`` is still a stub, or returns None.
-        CheckFailed: the result is not a ``hvd.DistributedOptimizer``; ``backward_passes_per_step`` is not
-            passed on; the ranks start from different weights; the optimizer state is not broadcast; the ranks
-            differ after one step; or a rank raised (the hint names it and its last error line).
-        Delegated: a rank uses ``HorovodStrategy``.
-        CourseInputError: Horovod is not installed, or ``make_distributed`` cannot be pickled for the workers
-            (from ``HorovodRunner.run``).
-    """
-    require_implemented(make_distributed)
-    passes_cases = [1, 3]
-    results = yield CHECK_PROCESSES, _wrap_job, {"make_distributed": make_distributed, "passes_cases": passes_cases}
-    if results is None:
-        raise NotAttempted("make_distributed returns nothing yet")
-    for passes, result in zip(passes_cases, results):
-        if not result["distributed"]:
-            raise CheckFailed(f"returned a {result['optimizer']}: return hvd.DistributedOptimizer(...)")
-        if result["passes"] != passes:
-            raise CheckFailed(
-                f"backward_passes_per_step={passes} became {result['passes']}: pass it on to hvd.DistributedOptimizer"
-            )
-        if _spread([s["weights"] for s in result["started"]]) > SYNCED:
-            raise CheckFailed(
-                "the ranks start from different weights: hvd.broadcast_parameters(model.state_dict(), root_rank=0)"
-            )
-        if not all(s["state_broadcast"] for s in result["started"]):
-            raise CheckFailed(
-                "broadcast the optimizer state too (momentum buffers, e.g. after a resume): "
-                "hvd.broadcast_optimizer_state(optimizer, root_rank=0)"
-            )
-        if _spread(result["weights"]) > SYNCED:
-            raise CheckFailed(
-                "after one step the ranks have different weights: average the gradients with "
-                "hvd.DistributedOptimizer(optimizer, named_parameters=...)"
-            )
-    return (
-        f"{CHECK_PROCESSES} ranks start from rank 0's weights and stay identical, with 1 and 3 backward passes per step"
+#: ``make_distributed(model, optimizer, backward_passes_per_step)``: broadcast, then ``hvd.DistributedOptimizer``;
+#: called in ``CHECK_PROCESSES`` local Horovod processes at once, each with its own weights and learning rate, for
+#: 1 and 3 backward passes per step and a drawn number, then one optimizer step on each rank's own data
+distributed_optimizer = register("3.3")(
+    FunctionCheck(
+        "3.3",
+        answer="make_distributed",
+        fixed=[(1,), (3,)],
+        draw=lambda rng: (rng.randint(2, 5),),
+        draws=1,
+        calls=_rank_inputs,
+        collect=_one_step,
+        around=_horovod_started,
+        processes=CHECK_PROCESSES,
+        launch=_launch,
+        judge=_distributed_problem,
+        forbid=[_STRATEGY],
+        show=lambda case: f"<a Linear(4, 2) and its SGD, with other weights and learning rate on each rank>, {case[0]}",
+        hint="wrap the optimizer, then broadcast the parameters and the wrapped optimizer's state from rank 0",
+        passed=f"{CHECK_PROCESSES} ranks start from rank 0's weights and optimizer and stay identical ({{n}} cases)",
     )
+)
 
 
 # --- 3.5 --------------------------------------------------------------------------------------------------------
@@ -935,6 +920,7 @@ global_accuracy_check = register("3.6")(
         draw=_draw_shards,
         draws=1,
         calls=lambda case: [tuple(shard) for shard in case],
+        around=_horovod_started,
         processes=CHECK_PROCESSES,
         launch=_launch,
         judge=_accuracy_problem,
