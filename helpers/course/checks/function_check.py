@@ -326,7 +326,7 @@ class FunctionCheck:
         except Delegated:
             raise
         except CheckFailed as error:
-            raise CheckFailed(f"{error}: {self._hint(cases[0], error)}") from None
+            raise CheckFailed(f"{str(error).rstrip('.')}: {self._hint(cases[0], error)}") from None
 
     def _results(self, fn: Callable[..., Any], cases: list[tuple], given: list[tuple]) -> list[Any]:
         """What the answer returned (or raised) for each of ``given`` (made from ``cases``), up to the first error,
