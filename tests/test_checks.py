@@ -368,6 +368,21 @@ def test_a_failed_job_is_judged_by_the_rank_that_raised(work_dir, error, verdict
     assert not list(Path(work_dir).rglob("rank-*.json"))
 
 
+def test_a_failure_in_a_hinted_block_gets_the_hint_and_nothing_else_changes():
+    with pytest.raises(CheckFailed, match=r"^the test job failed: ValueError: no: read the shard$"):
+        with checks.hinted("read the shard"):
+            raise CheckFailed("the test job failed: ValueError: no.")
+    with pytest.raises(CheckFailed, match=r"^rank 1 raised: rank 1 raised, so fix rank 1$"):
+        with checks.hinted(lambda error: f"{error}, so fix rank 1"):
+            raise CheckFailed("rank 1 raised")
+    with pytest.raises(checks.Delegated, match=r"^write it yourself$"):
+        with checks.hinted("read the shard"):
+            raise checks.Delegated("write it yourself")
+    with pytest.raises(KeyError):
+        with checks.hinted("read the shard"):
+            raise KeyError("the check's own bug")
+
+
 def _halved(n: int) -> set[int]:
     """A reference with two right results at a half."""
     return {n // 2, -(-n // 2)}

@@ -55,6 +55,7 @@ __all__ = [
     "check",
     "close",
     "format_line",
+    "hinted",
     "is_stub",
     "is_whole",
     "named_helpers",
@@ -328,6 +329,20 @@ def own_work(*helpers: Any) -> Iterator[None]:
             fn.__code__ = code
     if _TRIPPED:
         raise Delegated(f"your answer calls {_TRIPPED[0]}, which does this exercise for you: write it yourself")
+
+
+@contextmanager
+def hinted(hint: str | Callable[[CheckFailed], str]) -> Iterator[None]:
+    """Add the check's ``hint`` (or what a function of the failure says) to a failure raised inside the block: a
+    job of the answer's that failed says which rank raised what, and the hint says what to fix. A
+    :class:`Delegated` answer keeps its own message."""
+    try:
+        yield
+    except Delegated:
+        raise
+    except CheckFailed as error:
+        said = hint(error) if callable(hint) else hint
+        raise CheckFailed(f"{str(error).rstrip('.')}: {said}") from None
 
 
 @contextmanager

@@ -45,9 +45,9 @@ from typing import Any
 
 from helpers.course.checks import (
     CheckFailed,
-    Delegated,
     NotAttempted,
     close,
+    hinted,
     is_whole,
     named_helpers,
     own_work,
@@ -321,12 +321,8 @@ class FunctionCheck:
         """Yield the job that makes every case's calls as ranks; per case, every rank's result (or raise the error
         that ended the job, with the hint)."""
         processes = self.processes(cases) if callable(self.processes) else self.processes
-        try:
+        with hinted(lambda error: self._hint(cases[0], error)):
             return (yield processes, _as_ranks, {"check": self, "fn": fn, "cases": cases, "given": given})
-        except Delegated:
-            raise
-        except CheckFailed as error:
-            raise CheckFailed(f"{str(error).rstrip('.')}: {self._hint(cases[0], error)}") from None
 
     def _results(self, fn: Callable[..., Any], cases: list[tuple], given: list[tuple]) -> list[Any]:
         """What the answer returned (or raised) for each of ``given`` (made from ``cases``), up to the first error,

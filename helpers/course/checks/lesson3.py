@@ -29,6 +29,7 @@ from helpers.course.checks import (
     Delegated,
     NotAttempted,
     close,
+    hinted,
     named_helpers,
     own_work,
     register,
@@ -829,6 +830,12 @@ def _by_hand_problem(seen: dict[str, Any], folder: Path, settings: dict[str, Any
     return problem
 
 
+_BY_HAND_HINT = (
+    "pin_device and train_by_hand run in every process, on the check's data: take steps 1 to 7 in order "
+    "(hvd.init() first; only rank 0 loads the checkpoint, logs to MLflow and saves)"
+)
+
+
 @register("3.4")
 @_one_launch
 def horovod_by_hand(namespace) -> str:
@@ -872,11 +879,12 @@ def horovod_by_hand(namespace) -> str:
         "tracking_uri": uri,
     }
     _new_experiments(uri, settings["experiment"], folder)
-    seen = yield (
-        CHECK_PROCESSES,
-        _by_hand_job,
-        {"pin_device": pin_device, "train_by_hand": train_by_hand, "settings": settings},
-    )
+    with hinted(_BY_HAND_HINT):
+        seen = yield (
+            CHECK_PROCESSES,
+            _by_hand_job,
+            {"pin_device": pin_device, "train_by_hand": train_by_hand, "settings": settings},
+        )
     problem = _by_hand_problem(seen, folder, settings)
     if problem:
         raise CheckFailed(problem)

@@ -19,6 +19,7 @@ from helpers.course.checks import (
     CannotCheck,
     CheckFailed,
     close,
+    hinted,
     is_whole,
     own_work,
     register,
@@ -494,7 +495,12 @@ def _on_workers(answer, namespace, args: tuple, workers: int, use_gpu: bool) -> 
             distributor = TorchDistributor(num_processes=workers, local_mode=False, use_gpu=use_gpu)
             run_sealed(distributor, run_recorded, answer, record_dir, *args, local_mode=False)
 
-    _judge_reports(recorded_job("4.3-reports", "the TorchDistributor job on the workers", launch), workers, use_gpu)
+    with hinted(
+        "ddp_train runs in every TorchDistributor process on the workers: use only its arguments and what it "
+        "imports there (not the notebook's spark or other globals)"
+    ):
+        reports = recorded_job("4.3-reports", "the TorchDistributor job on the workers", launch)
+    _judge_reports(reports, workers, use_gpu)
 
 
 def _judge_reports(reports: dict[int, dict[str, Any]], workers: int, use_gpu: bool) -> None:

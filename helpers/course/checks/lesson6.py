@@ -24,6 +24,7 @@ import numpy as np
 from helpers.course.checks import (
     CheckFailed,
     close,
+    hinted,
     named_helpers,
     own_work,
     quiet_lightning,
@@ -266,7 +267,11 @@ def _on_ray(answer, config: dict[str, Any], workers: int) -> dict[int, dict[str,
         job = {"answer": answer, "record_dir": record_dir, "config": config}
         run_with_ray(run_recorded_loop, workers, use_gpu=config["use_gpu"], **job)
 
-    return recorded_job("6.2-reports", "the Ray Train job", launch)
+    with hinted(
+        "train_loop_per_worker runs in every Ray Train worker: use only config and what it imports there (not the "
+        "notebook's globals), and report to Ray from every worker"
+    ):
+        return recorded_job("6.2-reports", "the Ray Train job", launch)
 
 
 def _judge_ray_reports(reports: dict[int, dict[str, Any]], workers: int, use_gpu: bool) -> None:
