@@ -116,8 +116,23 @@ def shard_ids_no_init(converter):
         return [i for batch in loader for i in batch["row_id"].tolist()]
 
 
+def shard_ids_sliced(converter):
+    """Disjoint and covering, but every rank reads every row and keeps its slice: no shard asked of Petastorm."""
+    hvd.init()
+    with make_loader(converter, image_size=8, num_epochs=1) as loader:
+        every = [i for batch in loader for i in batch["row_id"].tolist()]
+    return sorted(every)[hvd.rank() :: hvd.size()]
+
+
 RIGHT_31 = [shard_ids_loader, shard_ids_converter]
-WRONG_31 = [shard_ids_two_shards, shard_ids_no_init, shard_ids_unsharded, shard_ids_datamodule, shard_ids_one_batch]
+WRONG_31 = [
+    shard_ids_two_shards,
+    shard_ids_no_init,
+    shard_ids_unsharded,
+    shard_ids_datamodule,
+    shard_ids_one_batch,
+    shard_ids_sliced,
+]
 
 
 @pytest.mark.slow
@@ -152,6 +167,10 @@ def test_3_1_hints_name_the_converter_and_the_fix(batched, converters):
         "..., cur_shard=hvd.rank(), shard_count=hvd.size(), num_epochs=1)"
     ), no_init
     assert "calls helpers.datamodule.PetastormDataModule" in batched("3.1", "shard_ids_datamodule")[1]
+    assert batched("3.1", "shard_ids_sliced")[1] == (
+        f"{shown} split Parquet row groups between the ranks, so every rank read them all: ask Petastorm for this "
+        "rank's shard (cur_shard=hvd.rank(), shard_count=hvd.size()) rather than reading every row and keeping some"
+    )
 
 
 def test_3_1_stub_is_not_attempted(converters):

@@ -265,9 +265,28 @@ def _shard_processes(cases: list[tuple]) -> int:
     return min(CHECK_PROCESSES, *(len(converter.file_urls) for (converter,) in cases))
 
 
+def _row_groups(converter) -> list[set[int]]:
+    """The row ids of each Parquet row group of ``converter``'s files, the unit Petastorm shards by; none where the
+    driver cannot open the files (a storage pyarrow has no file system for)."""
+    import pyarrow.fs
+    import pyarrow.parquet as pq
+
+    groups = []
+    try:
+        for url in converter.file_urls:
+            filesystem, path = pyarrow.fs.FileSystem.from_uri(url)
+            with filesystem.open_input_file(path) as file:
+                parquet = pq.ParquetFile(file)
+                for index in range(parquet.num_row_groups):
+                    groups.append(set(parquet.read_row_group(index, columns=["row_id"]).column(0).to_pylist()))
+    except (OSError, ValueError):
+        return []
+    return groups
+
+
 def _shard_problem(case: tuple, shards: list[list[int]], _given: tuple) -> str | None:
     """Why ``shards`` (one list of row ids per rank) are not one epoch of ``case``'s converter split into disjoint
-    shards, or None."""
+    shards by Petastorm (whole row groups: not every row read and some kept), or None."""
     rows, read = len(case[0]), set().union(*shards)
     sizes = [len(s) for s in shards]
     if min(sizes) == 0:
@@ -276,6 +295,12 @@ def _shard_problem(case: tuple, shards: list[list[int]], _given: tuple) -> str |
         return "made two ranks read the same rows: shard by hvd.rank() and hvd.size()"
     if len(read) != rows:
         return f"read {len(read)} of the {rows} rows on all ranks together: read one full epoch (num_epochs=1)"
+    by_rank = [set(shard) for shard in shards]
+    if any(sum(1 for shard in by_rank if group & shard) > 1 for group in _row_groups(case[0])):
+        return (
+            "split Parquet row groups between the ranks, so every rank read them all: ask Petastorm for this rank's "
+            "shard (cur_shard=hvd.rank(), shard_count=hvd.size()) rather than reading every row and keeping some"
+        )
     return None
 
 
