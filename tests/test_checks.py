@@ -349,7 +349,7 @@ def test_a_real_job_gives_every_rank_s_report_and_leaves_no_folder(work_dir):
 
     reports = recorded_job("t-reports", "the test job", lambda folder: _ranks_reporting(folder, None))
     assert {rank: report["seen"] for rank, report in reports.items()} == {0: [0], 1: [10]}
-    assert not list(Path(work_dir).rglob("rank-*.json"))
+    assert not list(Path(work_dir).rglob("rank-*"))
 
 
 @pytest.mark.parametrize(
@@ -365,7 +365,53 @@ def test_a_failed_job_is_judged_by_the_rank_that_raised(work_dir, error, verdict
     with pytest.raises(verdict) as caught:
         recorded_job("t-reports", "the test job", lambda folder: _ranks_reporting(folder, error))
     assert str(caught.value) == says and type(caught.value) is verdict
-    assert not list(Path(work_dir).rglob("rank-*.json"))
+    assert not list(Path(work_dir).rglob("rank-*"))
+
+
+def _in_turn(processes, job, kwargs):
+    """A launcher of real ranks one after the other in this process, each with its ``RANK``; like TorchDistributor
+    and Ray Train, it fails with a summary of its own, not the rank's error."""
+    from unittest import mock
+
+    for rank in range(processes):
+        with mock.patch.dict("os.environ", {"RANK": str(rank)}):
+            try:
+                job(**kwargs)
+            except Exception:  # noqa: BLE001 - the launcher's own summary replaces it
+                raise RuntimeError("the launcher's own summary") from None
+
+
+def _total_on_ranks(exercise_id: str) -> FunctionCheck:
+    return FunctionCheck(
+        exercise_id,
+        answer="total",
+        fixed=[(1, 2)],
+        calls=lambda case: [case, (case[0] * 10, case[1] * 10)],
+        processes=2,
+        launch=_in_turn,
+        judge=lambda case, per_rank, given: None if per_rank == [sum(c) for c in given] else f"gave {per_rank}",
+        show=lambda case: f"<{case} on rank 0, ten times it on rank 1>",
+        hint="add them",
+        passed="added on {n} ranks' cases",
+    )
+
+
+def _total_but_rank_1_raises(a, b):
+    if os.environ["RANK"] == "1":
+        raise ValueError("rank 1 gave up")
+    return a + b
+
+
+def test_ranks_report_to_the_check_whatever_the_launcher(work_dir):
+    """The engine's rank checks under a launcher that is not Horovod: every rank's result comes back through its
+    report, a rank's error is named from the reports with the hint, and no report is left behind."""
+    check = _total_on_ranks("97.12")
+    assert check(lambda a, b: a + b) == "added on 1 ranks' cases"
+    with pytest.raises(CheckFailed, match=r"^total\(<\(1, 2\) on rank 0, ten times it on rank 1>\) gave \[1, 10\]$"):
+        check(lambda a, b: a)
+    with pytest.raises(CheckFailed, match="^the job of 2 processes failed: ValueError: rank 1 gave up: add them$"):
+        check(_total_but_rank_1_raises)
+    assert not list(Path(work_dir).rglob("rank-*"))
 
 
 def test_a_failure_in_a_hinted_block_gets_the_hint_and_nothing_else_changes():

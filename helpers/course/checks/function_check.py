@@ -27,8 +27,9 @@ training case sets), ``methods`` names what a class must define, ``effect_only``
 what it returned. An exercise that asks for several functions is :class:`FunctionChecks`, one declaration each.
 
 Where the exercise is about processes, ``processes`` makes a case's calls at once as ranks of one real job that
-``launch`` starts (lesson 3: local Horovod), every case in that job; the judge gets every rank's result. The check is
-then a generator of steps (:meth:`FunctionCheck.steps`) that yields the job and is sent its result, so that
+``launch`` starts (lesson 3: local Horovod), every case in that job; each rank writes its results to a report in a
+folder of the check's (:mod:`.ranks`, as 4.3's and 6.2's real jobs do), and the judge gets every rank's. The check is
+then a generator of steps (:meth:`FunctionCheck.steps`) that yields the job and is resumed when it has ended, so that
 :func:`drive` runs one answer and lesson 3's ``check_answers`` runs the jobs of many answers as one.
 """
 
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import copy
 import numbers
-import os
 import random
 from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -55,6 +55,7 @@ from helpers.course.checks import (
     require_implemented,
     returned,
 )
+from helpers.course.checks.ranks import job_failure, rank_report, rank_reports, report_folder
 
 __all__ = [
     "NUMBER",
@@ -193,8 +194,9 @@ class FunctionCheck:
             call ``arguments`` makes; the judge then gets every rank's result in rank order. Or a function of the
             cases that says how many (no more than the data has shards). A rank's error ends the job: ``launch``
             says which rank raised what, and the check adds its hint (the first case's).
-        launch: ``launch(processes, job, kwargs)`` runs ``job(**kwargs)`` in ``processes`` real processes and
-            returns rank 0's result (lesson 3: local Horovod processes).
+        launch: ``launch(processes, job, kwargs)`` runs ``job(**kwargs)`` in ``processes`` real processes, each
+            finding its rank in ``HOROVOD_RANK`` or ``RANK`` (lesson 3: local Horovod processes; any launcher whose
+            processes see the check's folder on shared storage). The ranks' results come back through that folder.
         methods: for an exercise that asks for a class, the methods it must write: one still a stub is not attempted.
         cleanup: ``cleanup(case, made)`` undoes what ``arguments`` or ``calls`` made for a case (a table written for
             it, runs added to a store), once the check has judged.
@@ -281,9 +283,9 @@ class FunctionCheck:
 
     def steps(self, answer: Any) -> Generator[tuple[int, Callable[..., Any], dict[str, Any]], Any, str]:
         """The check of ``answer`` as a generator that returns the success message; where the calls are made as
-        ranks (``processes``), it first yields the job that makes them, ``(processes, job, kwargs)``, and is sent
-        rank 0's result, or thrown the error that ended the job (lesson 3's ``check_answers`` runs the jobs of many
-        answers as one)."""
+        ranks (``processes``), it first yields the job that makes them, ``(processes, job, kwargs)``, and is resumed
+        when the job has ended (its ranks reported to the check's folder), or thrown the error that ended it (lesson
+        3's ``check_answers`` runs the jobs of many answers as one)."""
         fn = require(answer, self.answer) if isinstance(answer, Mapping) else answer
         require_implemented(fn, *(getattr(fn, name, None) for name in self.methods))
         own = self.from_namespace(answer) if self.from_namespace and isinstance(answer, Mapping) else []
@@ -318,11 +320,19 @@ class FunctionCheck:
         return message + (said(own) if callable(said) else said.format(m=len(own)))
 
     def _ranks(self, fn: Callable[..., Any], cases: list[tuple], given: list[Any]) -> Generator[tuple, Any, Any]:
-        """Yield the job that makes every case's calls as ranks; per case, every rank's result (or raise the error
-        that ended the job, with the hint)."""
+        """Yield the job that makes every case's calls as ranks, its ranks reporting to a folder of the check's;
+        per case, every rank's result (or raise the error that ended the job, with the hint)."""
         processes = self.processes(cases) if callable(self.processes) else self.processes
-        with hinted(lambda error: self._hint(cases[0], error)):
-            return (yield processes, _as_ranks, {"check": self, "fn": fn, "cases": cases, "given": given})
+        job = {"check": self, "fn": fn, "cases": cases, "given": given}
+        with report_folder(f"{self.exercise_id}-ranks") as folder, hinted(lambda error: self._hint(cases[0], error)):
+            try:
+                yield processes, _as_ranks, {**job, "record_dir": str(folder)}
+            except CheckFailed:  # the launcher said which rank raised what
+                raise
+            except Exception as error:  # noqa: BLE001 - the ranks' reports say
+                raise job_failure(folder, f"the job of {processes} processes", error) from None
+            reports = rank_reports(folder)
+        return [[reports[rank]["results"][index] for rank in range(processes)] for index in range(len(cases))]
 
     def _results(self, fn: Callable[..., Any], cases: list[tuple], given: list[tuple]) -> list[Any]:
         """What the answer returned (or raised) for each of ``given`` (made from ``cases``), up to the first error,
@@ -405,50 +415,46 @@ class FunctionChecks:
 
 
 def drive(judging: Generator[tuple, Any, str], launch: Callable[..., Any] | None) -> str:
-    """Run a check made of steps (:meth:`FunctionCheck.steps`): ``launch`` the job it yields, if it yields one,
-    send it the result or throw in the error; the success message."""
+    """Run a check made of steps (:meth:`FunctionCheck.steps`): ``launch`` the job it yields, if it yields one, then
+    resume it (or throw in the launch's error); the success message."""
     try:
         job = next(judging)
     except StopIteration as done:
         return done.value
     try:
-        gathered = launch(*job)
+        launch(*job)
     except BaseException as error:  # noqa: BLE001 - the steps say what it means (and clean up)
-        return resume(judging, error=error)
-    return resume(judging, gathered)
+        return resume(judging, error)
+    return resume(judging)
 
 
-def resume(judging: Generator[tuple, Any, str], result: Any = None, error: BaseException | None = None) -> str:
-    """Send a check's steps the result of the job they yielded (or throw in its ``error``); the success message."""
+def resume(judging: Generator[tuple, Any, str], error: BaseException | None = None) -> str:
+    """Resume a check's steps once the job they yielded has ended (or throw in the ``error`` that ended it); the
+    success message."""
     try:
         if error is not None:
             judging.throw(error)
         else:
-            judging.send(result)
+            next(judging)
     except StopIteration as done:
         return done.value
     raise RuntimeError("a check launched more than one job")
 
 
-def _as_ranks(check: FunctionCheck, fn: Callable[..., Any], cases: list[tuple], given: list[Any]) -> Any:
-    """In each process of a check's job (local Horovod): this rank's call of every case (``given[case][rank]`` of
-    its ``calls``, else ``given[case]``), in the tripwire and the case's context; on rank 0, per case, every rank's
-    result (collected) in rank order. Horovod is started for the gathering, after the calls: an answer that must
-    start it itself (3.1) is not helped, and ``around`` starts it where the exercise's function runs in a started
-    process."""
-    import horovod.torch as hvd
-
-    mine = []
-    with own_work(*named_helpers(*check.forbid, imported_only=True)):
+def _as_ranks(
+    check: FunctionCheck, fn: Callable[..., Any], cases: list[tuple], given: list[Any], record_dir: str
+) -> None:
+    """In each process of a check's job, whatever its launcher: this rank's call of every case
+    (``given[case][rank]`` of its ``calls``, else ``given[case]``), in the tripwire and the case's context, each
+    result (collected) written to this rank's report in ``record_dir``. Nothing is started for the answer: an
+    answer that must start Horovod itself (3.1) is not helped, and ``around`` starts it where the exercise's function
+    runs in a started process."""
+    with rank_report(record_dir, results=[]) as report, own_work(*named_helpers(*check.forbid, imported_only=True)):
         for case, made in zip(cases, given):
             with check.around(case, made) if check.around else nullcontext():
-                rank = int(os.environ["HOROVOD_RANK"])  # set before Horovod starts
-                result = _called(fn, made[rank] if check.calls is not None else made)
-                mine.append(check.collect(result, case) if check.collect is not None and result is not None else result)
-    hvd.init()
-    return [
-        hvd.allgather_object(got, name=f"the check gathering every rank's result {i}") for i, got in enumerate(mine)
-    ]
+                result = _called(fn, made[report["rank"]] if check.calls is not None else made)
+                got = check.collect(result, case) if check.collect is not None and result is not None else result
+            report["results"].append(got)
 
 
 def _first_line(error: Exception) -> str:

@@ -21,7 +21,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
 import numpy as np
 
 from helpers.course.checks import (
@@ -36,6 +35,7 @@ from helpers.course.checks import (
     require,
 )
 from helpers.course.checks.function_check import NUMBER, Case, FunctionCheck, drive, resume
+from helpers.course.checks.ranks import rank_report, rank_reports
 from helpers.jobs import write_atomically
 
 __all__ = [
@@ -56,8 +56,8 @@ CHECK_PROCESSES = 3  # not the lesson's 2: an answer that hard-codes 2 processes
 SYNCED = 1e-6  # largest weight difference between ranks that counts as identical
 
 
-def _launch(processes: int, job, kwargs: dict[str, Any]) -> Any:
-    """Run ``job(**kwargs)`` on ``processes`` local Horovod processes; rank 0's result.
+def _launch(processes: int, job, kwargs: dict[str, Any]) -> None:
+    """Run ``job(**kwargs)`` on ``processes`` local Horovod processes (the ranks report to the check's folder).
 
     A worker's error becomes a :class:`CheckFailed` naming the rank and its last line (a :class:`Delegated` stays
     one), so a crashing answer reads as a hint rather than a traceback. The ranks' output is held back: local
@@ -70,7 +70,7 @@ def _launch(processes: int, job, kwargs: dict[str, Any]) -> Any:
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(ranks_said), contextlib.redirect_stderr(ranks_said):
             warnings.simplefilter("ignore")  # more processes than cores on a laptop is fine for a check
-            return HorovodRunner(np=-processes).run(job, **kwargs)
+            HorovodRunner(np=-processes).run(job, **kwargs)
     except HorovodWorkerError as error:
         raise _as_hint(error, processes) from None
 
@@ -86,7 +86,7 @@ def _as_hint(error, processes: int) -> CheckFailed:
 
 def _one_launch(steps):
     """The check made of ``steps(answer)``, a generator that yields one ``(processes, job, kwargs)`` to launch,
-    is sent rank 0's result and returns the success message (``check_answers`` runs many through one job)."""
+    resumes when the job has ended and returns the success message (``check_answers`` runs many through one job)."""
 
     def check(answer) -> str:
         return drive(steps(answer), _launch)
@@ -139,16 +139,16 @@ def check_answers(exercise_id: str, answers: list[Any]) -> list[tuple[str, str]]
         else:
             outcomes[index] = outcome
     for processes, group in started.items():
-        got = _launch_batch(processes, [(job, kwargs) for _, _, (_, job, kwargs) in group])
-        for (index, judging, _), (result, error) in zip(group, got):
+        errors = _launch_batch(processes, [(job, kwargs) for _, _, (_, job, kwargs) in group])
+        for (index, judging, _), error in zip(group, errors):
             thrown = _as_hint(error, processes) if error is not None else None  # as _launch raises it
-            outcomes[index] = _judged(lambda judging=judging, r=result, e=thrown: resume(judging, r, e))
+            outcomes[index] = _judged(lambda judging=judging, e=thrown: resume(judging, e))
     return outcomes
 
 
-def _launch_batch(processes: int, launches: list[tuple[Any, dict[str, Any]]]) -> list[tuple[Any, Any]]:
+def _launch_batch(processes: int, launches: list[tuple[Any, dict[str, Any]]]) -> list[Any]:
     """Run every ``job(**kwargs)`` of ``launches`` in turn in one job of ``processes`` Horovod processes; per launch
-    rank 0's result and None, or None and the ``HorovodWorkerError`` that ``HorovodRunner.run`` would raise."""
+    None, or the ``HorovodWorkerError`` that ``HorovodRunner.run`` would raise."""
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
     from horovod.runner.http.http_server import RendezvousServer
 
@@ -175,9 +175,9 @@ def _launch_batch(processes: int, launches: list[tuple[Any, dict[str, Any]]]) ->
         if failed:
             folder.fail_open_mlflow_runs()
             first = RuntimeError(f"Process name: {failed[0][1]}\nExit code: {failed[0][2]}")
-            outcomes.append((None, _worker_error(first, folder, processes)))
+            outcomes.append(_worker_error(first, folder, processes))
         else:
-            outcomes.append((cloudpickle.loads((folder.path / "result-rank-0.pkl").read_bytes()), None))
+            outcomes.append(None)
         folder.remove()
     return outcomes
 
@@ -203,9 +203,7 @@ def _forked_worker(job, kwargs: dict[str, Any], folder: Path, port: int, rank: i
     try:
         os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"] = str(port)
         call = WorkerCall(job, JobFolder(folder), rank_env="HOROVOD_RANK", setup=_WorkerSetup(stall_timeout_s()))
-        result = call(**kwargs)
-        if rank == 0:
-            (folder / "result-rank-0.pkl").write_bytes(cloudpickle.dumps(result))
+        call(**kwargs)
         code = 0
     except BaseException:  # noqa: BLE001, S110 - recorded by WorkerCall, reported by the driver
         pass
@@ -607,22 +605,35 @@ def _probe_pin_device(pin_device, hvd) -> dict[str, Any]:
     return {"cpu": cpu.type, "gpu": gpu.type, "index": index, "expected": local, "set": set_to[-1] if set_to else None}
 
 
-def _by_hand_job(pin_device, train_by_hand, settings: dict[str, Any]) -> dict[str, Any]:
+def _by_hand_job(pin_device, train_by_hand, settings: dict[str, Any]) -> None:
     """In each Horovod process: ``train_by_hand`` from scratch, then resumed from rank 0's checkpoint, with a
     network initialised differently on every rank; then ``pin_device``. Each rank has its own checkpoint folder,
-    as machines without shared storage do. Rank 0 returns what every rank saw."""
+    as machines without shared storage do. Each rank reports what it saw (:func:`~.ranks.rank_report`)."""
     import horovod.torch as hvd
     import torch
 
     from helpers.devices import device_for_local_rank
 
-    rank = int(os.environ["HOROVOD_RANK"])
-    folder = Path(settings["folder"])
     data = torch.Generator().manual_seed(settings["seed"])
     labels = torch.randint(0, settings["classes"], (settings["rows"],), generator=data)
     centres = torch.randn(settings["classes"], 3, 8, 8, generator=data)
     features = centres[labels] + 0.5 * torch.randn(settings["rows"], 3, 8, 8, generator=data)
-    seen: dict[str, Any] = {"calls": []}
+    with rank_report(settings["folder"], calls=[]) as seen:
+        _train_twice(train_by_hand, settings, features, labels, seen)
+        hvd.init()  # the check's own: the probe reads this process's local rank and the job's size
+        with own_work(device_for_local_rank):
+            seen["pin"] = _probe_pin_device(pin_device, hvd)
+
+
+def _train_twice(train_by_hand, settings: dict[str, Any], features, labels, seen: dict[str, Any]) -> None:
+    """In a rank: ``train_by_hand`` fresh, then resumed, each on a network of its own; per training, the weights
+    before and after it and the Horovod steps it took, in ``seen``."""
+    import horovod.torch as hvd
+    import torch
+
+    from helpers.devices import device_for_local_rank
+
+    rank, folder = int(os.environ["HOROVOD_RANK"]), Path(settings["folder"])
     for call in ("fresh", "resumed"):
         torch.manual_seed(1000 * settings["seed"] + 10 * rank + len(seen["calls"]))
         network = torch.nn.Sequential(
@@ -651,20 +662,23 @@ def _by_hand_job(pin_device, train_by_hand, settings: dict[str, Any]) -> dict[st
                 tracking_uri=settings["tracking_uri"],
                 use_gpu=False,
             )
-        hvd.init()
         seen["keys"] = list(network.state_dict())
-        seen["calls"].append(
-            {
-                "before": before,
-                "after": hvd.allgather_object(_flat_weights(network), name="the check gathering every rank's weights"),
-                "steps": hvd.allgather_object(calls, name="the check gathering every rank's steps"),
-            }
-        )
-    with own_work(device_for_local_rank):
-        seen["pin"] = hvd.allgather_object(
-            _probe_pin_device(pin_device, hvd), name="the check gathering every rank's device"
-        )
-    return seen
+        seen["calls"].append({"before": before, "after": _flat_weights(network), "steps": calls})
+
+
+def _seen(reports: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The ranks' reports as the judge reads them: per training, rank 0's weights before it and every rank's after
+    it and steps; rank 0's weight names; every rank's device probe."""
+    ranks = [reports[rank] for rank in range(CHECK_PROCESSES)]
+    calls = [
+        {
+            "before": ranks[0]["calls"][index]["before"],
+            "after": [rank["calls"][index]["after"] for rank in ranks],
+            "steps": [rank["calls"][index]["steps"] for rank in ranks],
+        }
+        for index in range(len(ranks[0]["calls"]))
+    ]
+    return {"calls": calls, "keys": ranks[0]["keys"], "pin": [rank["pin"] for rank in ranks]}
 
 
 def _pin_problem(probes: list[dict[str, Any]]) -> str | None:
@@ -905,12 +919,12 @@ def horovod_by_hand(namespace) -> str:
     }
     _new_experiments(uri, settings["experiment"], folder)
     with hinted(_BY_HAND_HINT):
-        seen = yield (
+        yield (
             CHECK_PROCESSES,
             _by_hand_job,
             {"pin_device": pin_device, "train_by_hand": train_by_hand, "settings": settings},
         )
-    problem = _by_hand_problem(seen, folder, settings)
+    problem = _by_hand_problem(_seen(rank_reports(folder)), folder, settings)
     if problem:
         raise CheckFailed(problem)
     return (

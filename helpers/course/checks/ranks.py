@@ -1,13 +1,13 @@
 """What the checks that run an answer as ranks of a job share: in this process, ``torchrun``'s environment for a
-simulated rank and a record of every ``Trainer.fit`` (stopped before it trains, or not); in a real job, a report
-that every rank writes to shared storage, and the verdict the reports give when the job fails.
+simulated rank and a record of every ``Trainer.fit`` (stopped before it trains, or not); in a real job, whatever its
+launcher, a report that every rank writes to shared storage, and the verdict the reports give when the job fails.
 
-Lesson 4's TorchDistributor check (4.3) and lesson 6's Ray Train check (6.2) share it; 4.5 takes its folders here too.
+The engine's rank checks (lesson 3, local Horovod), lesson 4's TorchDistributor check (4.3) and lesson 6's Ray Train
+check (6.2) share it; 4.5 takes its folders here too.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import uuid
@@ -17,14 +17,19 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import cloudpickle
+
 from helpers.course.checks import CheckFailed, Delegated
 
 __all__ = [
     "FitStopped",
     "check_dir",
+    "job_failure",
     "rank_report",
+    "rank_reports",
     "recorded_fits",
     "recorded_job",
+    "report_folder",
     "torchrun_env",
 ]
 
@@ -115,15 +120,29 @@ def torchrun_env(rank: int, world_size: int, local_mode: bool) -> Iterator[None]
 
 
 @contextmanager
+def report_folder(name: str) -> Iterator[Path]:
+    """A fresh folder for the rank reports of one real job of a check, removed when the block ends."""
+    record_dir = check_dir(name)
+    record_dir.mkdir(parents=True)
+    try:
+        yield record_dir
+    finally:
+        shutil.rmtree(record_dir, ignore_errors=True)
+
+
+@contextmanager
 def rank_report(record_dir: str, **fields: Any) -> Iterator[dict[str, Any]]:
-    """In a rank of a check's real job: the report this rank fills (``fields``, its ``rank`` from ``RANK``), written
-    to ``record_dir/rank-N.json`` when the block ends, with the error the block raised (re-raised: the job fails).
+    """In a rank of a check's real job: the report this rank fills (``fields``, and its ``rank`` from the launcher's
+    environment: ``HOROVOD_RANK``, else ``RANK``), written to ``record_dir/rank-N.pkl`` when the block ends, with the
+    error the block raised (re-raised: the job fails).
 
     Args:
         record_dir: the job's report folder (shared storage on a real cluster).
         fields: the report's own entries and their starting values.
     """
-    rank = int(os.environ.get("RANK", "0"))
+    from helpers.jobs import write_atomically
+
+    rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("RANK", "0")))
     report: dict[str, Any] = {"rank": rank, **fields, "error": None, "delegated": False}
     try:
         yield report
@@ -132,11 +151,23 @@ def rank_report(record_dir: str, **fields: Any) -> Iterator[dict[str, Any]]:
         report["delegated"] = isinstance(exc, Delegated)
         raise
     finally:
-        Path(record_dir, f"rank-{rank}.json").write_text(json.dumps(report))
+        write_atomically(Path(record_dir, f"rank-{rank}.pkl"), cloudpickle.dumps(report))
 
 
-def _reports(record_dir: Path) -> dict[int, dict[str, Any]]:
-    return {r["rank"]: r for r in (json.loads(p.read_text()) for p in record_dir.glob("rank-*.json"))}
+def rank_reports(record_dir: Path) -> dict[int, dict[str, Any]]:
+    """Every rank's report in a job's report folder, by rank."""
+    return {r["rank"]: r for r in (cloudpickle.loads(p.read_bytes()) for p in record_dir.glob("rank-*.pkl"))}
+
+
+def job_failure(record_dir: Path, job: str, error: Exception) -> CheckFailed:
+    """The verdict on a job that failed with ``error``: :class:`Delegated` where a rank's answer called a course
+    helper that does the exercise, else the lowest failed rank's error, else the launcher's."""
+    failed = [r for _, r in sorted(rank_reports(record_dir).items()) if r["error"]]
+    delegated = [r["error"] for r in failed if r["delegated"]]
+    if delegated:
+        return Delegated(delegated[0].split(": ", 1)[1])
+    said = failed[0]["error"] if failed else f"{type(error).__name__}: {str(error)[:400]}"
+    return CheckFailed(f"{job} failed: {said}")
 
 
 def recorded_job(name: str, job: str, launch: Callable[[str], Any]) -> dict[int, dict[str, Any]]:
@@ -151,18 +182,9 @@ def recorded_job(name: str, job: str, launch: Callable[[str], Any]) -> dict[int,
         Delegated: a rank's answer called a course helper that does the exercise.
         CheckFailed: the job failed: the first rank's error, else the launcher's.
     """
-    record_dir = check_dir(name)
-    record_dir.mkdir(parents=True)
-    try:
+    with report_folder(name) as record_dir:
         try:
             launch(str(record_dir))
         except Exception as exc:
-            failed = [r for r in _reports(record_dir).values() if r["error"]]
-            delegated = [r["error"] for r in failed if r["delegated"]]
-            if delegated:
-                raise Delegated(delegated[0].split(": ", 1)[1]) from None
-            error = failed[0]["error"] if failed else f"{type(exc).__name__}: {str(exc)[:400]}"
-            raise CheckFailed(f"{job} failed: {error}") from None
-        return _reports(record_dir)
-    finally:
-        shutil.rmtree(record_dir, ignore_errors=True)
+            raise job_failure(record_dir, job, exc) from None
+        return rank_reports(record_dir)
