@@ -231,9 +231,14 @@ def _wait_for(pid: int, folder: Path) -> int:
 _STRATEGY = "helpers.horovod_strategy:HorovodStrategy"  # the course's Horovod strategy: it wraps the optimizer too
 
 
+def _flat(tensors) -> list[float]:
+    """The values of ``tensors`` as one list of floats."""
+    return [float(x) for t in tensors for x in t.detach().float().flatten().tolist()]
+
+
 def _flat_weights(module) -> list[float]:
     """All of a module's parameters and buffers as one list of floats."""
-    return [float(x) for t in module.state_dict().values() for x in t.detach().float().flatten().tolist()]
+    return _flat(module.state_dict().values())
 
 
 def _spread(per_rank: list[list[float]]) -> float:
@@ -401,7 +406,7 @@ def _one_step(distributed, case: tuple[int, ...]) -> dict[str, Any]:
         "distributed": hasattr(distributed, "synchronize"),
         "passes": getattr(distributed, "backward_passes_per_step", None),
         "learning_rate": distributed.param_groups[0]["lr"],
-        "started": [float(x) for p in params for x in p.detach().flatten().tolist()],
+        "started": _flat(params),
     }
     if not seen["distributed"] or seen["passes"] != passes:
         return seen  # judged on these alone: a step would stop at Horovod's own count of the backward passes
@@ -410,7 +415,7 @@ def _one_step(distributed, case: tuple[int, ...]) -> dict[str, Any]:
     for _ in range(passes):
         sum((p * torch.randn(p.shape, generator=data)).pow(2).sum() for p in params).backward()
     distributed.step()
-    return {**seen, "weights": [float(x) for p in params for x in p.detach().flatten().tolist()]}
+    return {**seen, "weights": _flat(params)}
 
 
 def _distributed_problem(case: tuple[int, ...], per_rank: list[dict[str, Any]], given: list) -> str | None:
