@@ -343,11 +343,18 @@ def host_faults(multihost) -> list[dict]:
         reports.append({**json.loads(report.read_text()), "left_on_worker_1": left_on_worker_1.get(name)})
     out, _ = process.communicate(timeout=600)
     assert len(reports) == len(launchers), told(out)
-    return reports
+    return [{**report, "driver_output": told(out)} for report in reports]
+
+
+def ended_early(report: dict) -> str:
+    """Why a scenario ended before its fault was made (or crashed), with what the driver printed; "" if it did not."""
+    why = report.get("ended_early") or report.get("crashed")
+    return f"{report['scenario']}: {why}\n{report['driver_output']}" if why else ""
 
 
 def test_a_lost_host_ends_the_job_within_the_heartbeat_bound_naming_the_host_and_the_checkpoint(host_faults):
     for report in host_faults:
+        assert not ended_early(report), ended_early(report)
         assert report.get("first_run") == "failed", report
         assert report["seconds_to_fail"] < HEARTBEAT_S + NOTICE_SLACK_S, report
         assert "worker-2" in report["message"] and report["last_checkpoint"] in report["message"], report
@@ -356,6 +363,7 @@ def test_a_lost_host_ends_the_job_within_the_heartbeat_bound_naming_the_host_and
 
 def test_the_rerun_on_the_hosts_left_continues_from_the_checkpoint_and_nothing_is_left_running(host_faults):
     for report in host_faults:
+        assert not ended_early(report), ended_early(report)
         saved = report["saved_epoch"]
         assert report["resumed_epochs"] == [saved + 1, saved + 2], report
         assert report["left_on_worker_1"] == [], report

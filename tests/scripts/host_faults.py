@@ -24,6 +24,7 @@ from pathlib import Path
 
 from helpers.cluster import LocalCluster
 from helpers.loaders import prepare_data
+from helpers.lost_hosts import executor_hosts
 from helpers.spark import executor_count
 from helpers.workdir import work_dir
 from helpers.worker import TrainSettings, launch_training
@@ -65,7 +66,7 @@ def scenario(spark, data, launcher: str, fault: str, signals: Path) -> dict:
     name = f"{launcher}-{fault}"
     _, train, val, classes = data
     settings = settings_for(name)
-    report: dict = {"scenario": name, "started_on": PROCESSES}
+    report: dict = {"scenario": name, "started_on": PROCESSES, "executors_at_start": dict(executor_hosts(spark))}
     ended = threading.Event()
     asking = threading.Thread(
         target=ask_for_the_fault, args=(Path(settings.default_dir) / "last.ckpt", signals / f"{name}.ready", ended)
@@ -80,7 +81,8 @@ def scenario(spark, data, launcher: str, fault: str, signals: Path) -> dict:
     ended.set()
     asking.join()
     if not (signals / f"{name}.ready").exists():
-        return {**report, "ended_early": report.get("message", "it finished")[-3000:]}
+        ended = report.get("message", "it finished")[-3000:]
+        return {**report, "ended_early": f"{ended} (executors at its start: {report['executors_at_start']})"}
     report["seconds_to_fail"] = report.pop("failed_at", time.time()) - float(wait_for(signals / f"{name}.fault"))
     last = report.get("last_checkpoint")
     if last:
