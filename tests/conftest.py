@@ -104,10 +104,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-# `make test` runs the suite on 2 pytest-xdist workers (`-n 2 --dist loadgroup`): while one waits on a JVM, a process
-# start or a timeout, the other computes. A module's tests stay on one worker, so its module fixtures (trainings,
-# MLflow stores, a cluster) are built once; the modules of independent notebook runs spread over both. The costly
-# groups go first, so that no worker is left with one long group at the end.
+# `make test` runs the multi-host tests alone (`-m multihost`), then the rest on 2 pytest-xdist workers (`-n 2 --dist
+# loadgroup`): while one waits on a JVM, a process start or a timeout, the other computes. A module's tests stay on
+# one worker, so its module fixtures (trainings, MLflow stores, a cluster) are built once; the modules of independent
+# notebook runs spread over both. The costly groups go first, so that no worker is left with one long group at the end.
 SPREAD = ("test_notebooks.py", "test_without_horovod.py")
 COSTLY_FIRST = (
     "test_notebooks.py",

@@ -34,7 +34,7 @@ from helpers.workdir import REPO_ROOT
 from tests.processes import no_horovod_env
 from tests.test_without_horovod import outputs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.multihost]
 
 WORK = f"{SHARED_MOUNT}/work"
 PROBE_ENV = {"COURSE_WORK_DIR": WORK, "COURSE_PROBE": "from-the-driver", "COURSE_WORKER_ENV": "COURSE_PROBE"}
