@@ -349,7 +349,12 @@ def host_faults(multihost) -> list[dict]:
 def ended_early(report: dict) -> str:
     """Why a scenario ended before its fault was made (or crashed), with what the driver printed; "" if it did not."""
     why = report.get("ended_early") or report.get("crashed")
-    return f"{report['scenario']}: {why}\n{report['driver_output']}" if why else ""
+    if not why:
+        return ""
+    return (
+        f"{report['scenario']} (executors at its start: {report.get('executors_at_start')}): {why}\n"
+        + report["driver_output"]
+    )
 
 
 def test_a_lost_host_ends_the_job_within_the_heartbeat_bound_naming_the_host_and_the_checkpoint(host_faults):
