@@ -639,30 +639,32 @@ def test_4_3_training_function(ddp_namespace, answer, expected):
     assert verdict("4.3", {**ddp_namespace, "ddp_train": answer}) == expected
 
 
-@pytest.mark.slow
-def test_4_3_rank_zero_must_return(ddp_namespace, monkeypatch):
-    """The real job's reports: a function that returns nothing on rank 0 fails (checked without a job)."""
-    from helpers.course.checks import lesson4
+def _real_job(returned: list) -> list:
+    """What the real job's ranks give the judge: the right Trainer each, and what each returned."""
+    from helpers.course.checks.function_check import Watched
 
-    reports = {
-        rank: {
-            "fits": [
-                {
-                    "devices": 1,
-                    "num_nodes": 2,
-                    "world_size": 2,
-                    "global_rank": rank,
-                    "strategy": "DDPStrategy",
-                    "gpu": False,
-                    "shard": [rank, 2],
-                }
-            ],
-            "returned": False,
-        }
-        for rank in range(2)
-    }
-    monkeypatch.setattr(lesson4, "_on_workers", lambda *args: lesson4._judge_reports(reports, 2, False))
-    assert verdict("4.3", {**ddp_namespace, "ddp_train": ddp_train_env_layout}) == "failed"
+    fit = {"devices": 1, "num_nodes": 2, "world_size": 2, "strategy": "DDPStrategy", "gpu": False}
+    return [
+        Watched(value, {"fits": [{**fit, "global_rank": rank, "shard": [rank, 2]}]})
+        for rank, value in enumerate(returned)
+    ]
+
+
+@pytest.mark.parametrize(
+    "returned, says",
+    [
+        ([None, None], "returned None on rank 0: return train's result"),
+        ([True, True], "returned a result on rank(s) [1] too: return it on rank 0 only"),
+        ([True, None], None),
+    ],
+)
+def test_4_3_rank_zero_alone_must_return(returned, says):
+    """The real job's judge (no job needed): rank 0 returns something, the others nothing."""
+    from helpers.course.checks.lesson4 import ddp_training_function
+
+    real = ddp_training_function.parts[1]
+    problem = real.judge(((None, None, 10, None), 2, False), _real_job(returned), None)
+    assert problem is None if says is None else problem.startswith(says)
 
 
 # ------------------------------------------------------------------------------------- 4.5 resume after a lost worker

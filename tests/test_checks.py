@@ -30,7 +30,7 @@ from helpers.course.checks import (
     require,
     require_implemented,
 )
-from helpers.course.checks.function_check import Call, Case, FunctionCheck, FunctionChecks, Returns
+from helpers.course.checks.function_check import Call, Case, FunctionCheck, FunctionChecks, Returns, Watched
 
 
 @pytest.fixture(autouse=True)
@@ -344,10 +344,12 @@ def _ranks_reporting(record_dir: str, error: BaseException | None) -> None:
                 raise RuntimeError("the launcher's own summary") from None
 
 
-def test_a_real_job_gives_every_rank_s_report_and_leaves_no_folder(work_dir):
-    from helpers.course.checks.ranks import recorded_job
+def test_every_rank_s_report_is_read_and_the_folder_left_behind_is_none(work_dir):
+    from helpers.course.checks.ranks import rank_reports, report_folder
 
-    reports = recorded_job("t-reports", "the test job", lambda folder: _ranks_reporting(folder, None))
+    with report_folder("t-reports") as folder:
+        _ranks_reporting(str(folder), None)
+        reports = rank_reports(folder)
     assert {rank: report["seen"] for rank, report in reports.items()} == {0: [0], 1: [10]}
     assert not list(Path(work_dir).rglob("rank-*"))
 
@@ -357,15 +359,20 @@ def test_a_real_job_gives_every_rank_s_report_and_leaves_no_folder(work_dir):
     [
         (ValueError("bad shard"), CheckFailed, "the test job failed: ValueError: bad shard"),
         (checks.Delegated("write it yourself"), checks.Delegated, "write it yourself"),
+        (None, CheckFailed, "the test job failed: RuntimeError: the launcher's own summary"),
     ],
 )
 def test_a_failed_job_is_judged_by_the_rank_that_raised(work_dir, error, verdict, says):
-    from helpers.course.checks.ranks import recorded_job
+    """The rank's own error (a delegated answer's verdict as it is), else the launcher's where no rank raised."""
+    from helpers.course.checks.ranks import job_failure, report_folder
 
-    with pytest.raises(verdict) as caught:
-        recorded_job("t-reports", "the test job", lambda folder: _ranks_reporting(folder, error))
-    assert str(caught.value) == says and type(caught.value) is verdict
-    assert not list(Path(work_dir).rglob("rank-*"))
+    with report_folder("t-reports") as folder:
+        try:
+            _ranks_reporting(str(folder), error)
+            raise RuntimeError("the launcher's own summary")
+        except RuntimeError as launcher_error:
+            judged = job_failure(folder, "the test job", launcher_error)
+    assert str(judged) == says and type(judged) is verdict
 
 
 def _in_turn(processes, job, kwargs):
@@ -412,6 +419,69 @@ def test_ranks_report_to_the_check_whatever_the_launcher(work_dir):
     with pytest.raises(CheckFailed, match="^the job of 2 processes failed: ValueError: rank 1 gave up: add them$"):
         check(_total_but_rank_1_raises)
     assert not list(Path(work_dir).rglob("rank-*"))
+
+
+@contextlib.contextmanager
+def _calls_seen(case, given):
+    """An ``around`` that watches the call: what ``twice`` was called with, stopping it at the second call where the
+    case says so (as a simulated rank stops at ``fit``)."""
+    from unittest import mock
+
+    from helpers.course.checks.ranks import FitStopped
+
+    seen = {"calls": []}
+
+    def twice(value):
+        seen["calls"].append(value)
+        if case[1] and len(seen["calls"]) == 2:
+            raise FitStopped
+
+    with mock.patch.object(sys.modules[__name__], "twice", twice, create=True):
+        yield seen
+
+
+def _twice_problem(case, got, given):
+    if not isinstance(got, Watched):
+        return f"was judged on {got!r}, not on what was seen"
+    return None if got.seen["calls"] == [case[0]] * 2 else f"called twice({got.seen['calls']}): call it twice"
+
+
+def _calls_twice(value, stopped):
+    twice(value)  # noqa: F821 - put here by _calls_seen
+    twice(value)  # noqa: F821
+    return "done"
+
+
+def _calls_once(value, stopped):
+    twice(value)  # noqa: F821
+    return "done"
+
+
+@pytest.mark.parametrize("processes", [0, 2])
+def test_what_around_sees_of_a_call_reaches_the_judge_in_process_and_from_ranks(work_dir, processes):
+    """A record ``around`` yields reaches the judge with what the call returned (from every rank's report), and a
+    call that ``around`` stops where it has seen enough returned nothing, which a check of what a call does judges."""
+    declared = dict(
+        answer="work",
+        fixed=[(3, False), (4, True)],
+        judge=lambda case, got, given: (
+            _twice_problem(case, got, given)
+            if not processes
+            else next((p for p in (_twice_problem(case, g, given) for g in got) if p), None)
+        ),
+        around=_calls_seen,
+        effect_only=True,
+        show=lambda case: str(case[0]),
+        hint="call it twice",
+        passed="{n} calls watched",
+    )
+    if processes:
+        declared.update(processes=processes, launch=_in_turn)
+    check = FunctionCheck("97.13", **declared)
+    assert check(_calls_twice) == "2 calls watched"
+    with pytest.raises(CheckFailed, match=r"^work\(3\) called twice\(\[3\]\): call it twice$"):
+        check(_calls_once)
+    assert not hasattr(sys.modules[__name__], "twice")
 
 
 def test_a_failure_in_a_hinted_block_gets_the_hint_and_nothing_else_changes():

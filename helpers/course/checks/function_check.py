@@ -27,8 +27,9 @@ training case sets), ``methods`` names what a class must define, ``effect_only``
 what it returned. An exercise that asks for several functions is :class:`FunctionChecks`, one declaration each.
 
 Where the exercise is about processes, ``processes`` makes a case's calls at once as ranks of one real job that
-``launch`` starts (lesson 3: local Horovod), every case in that job; each rank writes its results to a report in a
-folder of the check's (:mod:`.ranks`, as 4.3's and 6.2's real jobs do), and the judge gets every rank's. The check is
+``launch`` starts (lesson 3: local Horovod; 4.3: TorchDistributor on the workers; 6.2: Ray Train), every case in that
+job; each rank writes its results to a report in a folder of the check's (:mod:`.ranks`), with what ``around`` saw it
+do (the Trainers it fitted), and the judge gets every rank's. The check is
 then a generator of steps (:meth:`FunctionCheck.steps`) that yields the job and is resumed when it has ended, so that
 :func:`drive` runs one answer and lesson 3's ``check_answers`` runs the jobs of many answers as one.
 """
@@ -55,7 +56,7 @@ from helpers.course.checks import (
     require_implemented,
     returned,
 )
-from helpers.course.checks.ranks import job_failure, rank_report, rank_reports, report_folder
+from helpers.course.checks.ranks import FitStopped, job_failure, rank_report, rank_reports, report_folder
 
 __all__ = [
     "NUMBER",
@@ -66,6 +67,7 @@ __all__ = [
     "FunctionCheck",
     "FunctionChecks",
     "Returns",
+    "Watched",
     "drive",
     "resume",
 ]
@@ -150,6 +152,15 @@ class Collected(dict):
 
 
 @dataclass(frozen=True)
+class Watched:
+    """What the judge gets of a call whose ``around`` watched it (its context yielded a record): what the call
+    returned (collected), and what ``around`` saw it do (every Trainer it fitted, what it reported)."""
+
+    returned: Any
+    seen: Any
+
+
+@dataclass(frozen=True)
 class FunctionCheck:
     """A check of a function on cases, declared; calling it with the answer runs it (a ``register``-ed check).
 
@@ -192,17 +203,22 @@ class FunctionCheck:
         processes: where the exercise is about processes, how many make a case's calls at once, as ranks of a job
             that ``launch`` starts (every case in one job): rank ``i`` makes ``calls``' call ``i``, or every rank the
             call ``arguments`` makes; the judge then gets every rank's result in rank order. Or a function of the
-            cases that says how many (no more than the data has shards). A rank's error ends the job: ``launch``
-            says which rank raised what, and the check adds its hint (the first case's).
+            cases that says how many (no more than the data has shards, the notebook's ``WORKERS``). A rank's
+            error ends the job: ``launch`` or the ranks' reports say which rank raised what, and the check adds its
+            hint (the first case's).
         launch: ``launch(processes, job, kwargs)`` runs ``job(**kwargs)`` in ``processes`` real processes, each
-            finding its rank in ``HOROVOD_RANK`` or ``RANK`` (lesson 3: local Horovod processes; any launcher whose
-            processes see the check's folder on shared storage). The ranks' results come back through that folder.
+            finding its rank in ``HOROVOD_RANK`` or ``RANK`` (local Horovod processes, TorchDistributor on the
+            workers, Ray Train: any launcher whose processes see the check's folder on shared storage). The ranks'
+            results come back through that folder.
         methods: for an exercise that asks for a class, the methods it must write: one still a stub is not attempted.
         cleanup: ``cleanup(case, made)`` undoes what ``arguments`` or ``calls`` made for a case (a table written for
             it, runs added to a store), once the check has judged.
         around: ``around(case, given)``, the context the answer's call on ``case`` (with ``given``, what
             ``arguments`` or ``calls`` made of it) runs in, made fresh for each case: MLflow pointed at the check's own
             store, a library's look at the cluster patched, the rank and working directory a training case sets.
+            Where it yields a record (the Trainers the call fits), the judge gets a :class:`Watched` of the result
+            and that record, read when the call has ended (in a rank: written to its report). A call that ``around``
+            stops at ``fit`` (:class:`~helpers.course.checks.ranks.FitStopped`) returned nothing.
         passed_namespace: appended to ``passed`` where there were such cases; ``{m}`` is their number; or a function
             of those cases that says what they showed (the lesson's own numbers).
     """
@@ -305,7 +321,7 @@ class FunctionCheck:
                 given.append(self._made(case))
             if self.processes:
                 gathered = yield from self._ranks(fn, cases, given)
-                results = [None if any(got is None for got in per_rank) else per_rank for per_rank in gathered]
+                results = [self._every_rank(per_rank) for per_rank in gathered]
             else:
                 results = self._results(fn, cases, given)
             for case, args, expected, why, result in zip(cases, given, right, whys, results):
@@ -323,7 +339,7 @@ class FunctionCheck:
         """Yield the job that makes every case's calls as ranks, its ranks reporting to a folder of the check's;
         per case, every rank's result (or raise the error that ended the job, with the hint)."""
         processes = self.processes(cases) if callable(self.processes) else self.processes
-        job = {"check": self, "fn": fn, "cases": cases, "given": given}
+        job = {"check": self, "answer": fn, "cases": cases, "given": given}
         with report_folder(f"{self.exercise_id}-ranks") as folder, hinted(lambda error: self._hint(cases[0], error)):
             try:
                 yield processes, _as_ranks, {**job, "record_dir": str(folder)}
@@ -334,14 +350,22 @@ class FunctionCheck:
             reports = rank_reports(folder)
         return [[reports[rank]["results"][index] for rank in range(processes)] for index in range(len(cases))]
 
+    def _every_rank(self, per_rank: list[Any]) -> list[Any] | None:
+        """Every rank's result of one case, or None (not written yet) where a rank returned nothing, unless the
+        exercise asks for what the call does (only rank 0 returns)."""
+        unwritten = not self.effect_only and any(_returned(got) is None for got in per_rank)
+        return None if unwritten else per_rank
+
     def _results(self, fn: Callable[..., Any], cases: list[tuple], given: list[tuple]) -> list[Any]:
         """What the answer returned (or raised) for each of ``given`` (made from ``cases``), up to the first error,
         called inside the tripwire, each in the context ``around`` makes for its case."""
         results: list[Any] = []
         with own_work(*named_helpers(*self.forbid)):
             for case, args in zip(cases, given):
-                with self.around(case, args) if self.around else nullcontext():
-                    results.append(self._outcome(fn, args, case))
+                with self.around(case, args) if self.around else nullcontext() as seen:
+                    outcome = self._outcome(fn, args, case)
+                watched = seen is not None and not isinstance(outcome, _Raised)
+                results.append(Watched(outcome, seen) if watched else outcome)
                 if isinstance(results[-1], _Raised):
                     break
         return results
@@ -383,7 +407,7 @@ class FunctionCheck:
                 f"{why or self._hint(case, got.error)}"
             ) from got.error
         if not self.effect_only:
-            returned(got, self.answer)
+            returned(_returned(got), self.answer)
         if self.judge is not None:
             problem = self.judge(case, got, args)
             if problem:
@@ -442,7 +466,7 @@ def resume(judging: Generator[tuple, Any, str], error: BaseException | None = No
 
 
 def _as_ranks(
-    check: FunctionCheck, fn: Callable[..., Any], cases: list[tuple], given: list[Any], record_dir: str
+    check: FunctionCheck, answer: Callable[..., Any], cases: list[tuple], given: list[Any], record_dir: str
 ) -> None:
     """In each process of a check's job, whatever its launcher: this rank's call of every case
     (``given[case][rank]`` of its ``calls``, else ``given[case]``), in the tripwire and the case's context, each
@@ -451,10 +475,15 @@ def _as_ranks(
     runs in a started process."""
     with rank_report(record_dir, results=[]) as report, own_work(*named_helpers(*check.forbid, imported_only=True)):
         for case, made in zip(cases, given):
-            with check.around(case, made) if check.around else nullcontext():
-                result = _called(fn, made[report["rank"]] if check.calls is not None else made)
+            with check.around(case, made) if check.around else nullcontext() as seen:
+                result = _called(answer, made[report["rank"]] if check.calls is not None else made)
                 got = check.collect(result, case) if check.collect is not None and result is not None else result
-            report["results"].append(got)
+            report["results"].append(got if seen is None else Watched(got, seen))
+
+
+def _returned(got: Any) -> Any:
+    """What a call returned, where the judge gets it with what ``around`` saw."""
+    return got.returned if isinstance(got, Watched) else got
 
 
 def _first_line(error: Exception) -> str:
@@ -471,8 +500,11 @@ class _Raised:
 
 
 def _called(fn: Callable[..., Any], args: tuple | Call) -> Any:
-    """``fn(*args)``, or ``fn(*args, **kwargs)`` of a :class:`Call`."""
-    return fn(*args.args, **args.kwargs) if isinstance(args, Call) else fn(*args)
+    """``fn(*args)``, or ``fn(*args, **kwargs)`` of a :class:`Call`; None where ``around`` stopped it at ``fit``."""
+    try:
+        return fn(*args.args, **args.kwargs) if isinstance(args, Call) else fn(*args)
+    except FitStopped:  # around has seen what the check judges
+        return None
 
 
 def _result(

@@ -17,17 +17,14 @@ from unittest import mock
 
 from helpers.course.checks import (
     CannotCheck,
-    CheckFailed,
     close,
-    hinted,
     is_whole,
-    own_work,
     register,
     require,
     whole_number,
 )
-from helpers.course.checks.function_check import Call, Case, FunctionCheck, FunctionChecks, Returns
-from helpers.course.checks.ranks import FitStopped, check_dir, rank_report, recorded_fits, recorded_job, torchrun_env
+from helpers.course.checks.function_check import Call, Case, FunctionCheck, FunctionChecks, Returns, Watched
+from helpers.course.checks.ranks import check_dir, recorded_fits, torchrun_env
 from helpers.logs import logger_levels
 
 __all__ = [
@@ -37,7 +34,6 @@ __all__ = [
     "launch_on_workers_check",
     "launcher_comparison",
     "resume_check",
-    "run_recorded",
     "torch_distributor_setup",
 ]
 
@@ -372,207 +368,217 @@ launcher_comparison = register("4.4")(
 
 # ---------------------------------------------------------------------------------------------------------- 4.3
 
-
-def _ddp_helpers() -> tuple[Any, ...]:
-    """The course's helpers that would do exercise 4.3 for the learner."""
-    from helpers.distributor import ddp_layout, make_distributor, run_with_distributor
-    from helpers.worker import _rank_and_strategy, launch_training, train_hvd, train_process, train_with_distributor
-
-    return (
-        train_process,
-        _rank_and_strategy,
-        launch_training,
-        run_with_distributor,
-        train_hvd,
-        train_with_distributor,
-        ddp_layout,
-        make_distributor,
-    )
+#: The course's helpers that would do exercise 4.3 for the learner.
+_DDP_HELPERS = (
+    "helpers.worker:train_process",
+    "helpers.worker:_rank_and_strategy",
+    "helpers.worker:launch_training",
+    "helpers.worker:train_hvd",
+    "helpers.worker:train_with_distributor",
+    "helpers.distributor:run_with_distributor",
+    "helpers.distributor:ddp_layout",
+    "helpers.distributor:make_distributor",
+)
 
 
-def _judge_fit(
-    records: list[dict[str, Any]], rank: int, world_size: int, local_mode: bool, use_gpu: bool, settings: Any = None
-) -> None:
-    """The first Trainer of ``rank``: the layout for the mode, DDP, this rank's shard, the right accelerator, and
-    (for ``settings``) the epochs, batch size and scaled learning rate asked for."""
-    where = f"rank {rank} of {world_size} {'on one node (local mode)' if local_mode else 'on the workers'}"
-    if not records:
-        raise CheckFailed(f"{where}: your function never fits a Trainer: call train(...) or trainer.fit(...)")
-    fit = records[0]
+def _fit_problem(
+    fits: list[dict[str, Any]], rank: int, world_size: int, local_mode: bool, use_gpu: bool, settings: Any = None
+) -> str | None:
+    """What is wrong with the first Trainer ``rank`` fitted, or None: the layout for the mode, DDP, this rank's
+    shard, the right accelerator, and (for ``settings``) the epochs, batch size and scaled learning rate."""
+    if not fits:
+        return "never fits a Trainer: call train(...) or trainer.fit(...)"
+    fit = fits[0]
     expected = (world_size, 1) if local_mode else (1, world_size)
     if (fit["devices"], fit["num_nodes"]) != expected:
-        raise CheckFailed(
-            f"{where}: the Trainer has devices={fit['devices']}, num_nodes={fit['num_nodes']}, "
-            f"expected devices={expected[0]}, num_nodes={expected[1]}: read the layout from "
-            "WORLD_SIZE and the mode (local_mode, or LOCAL_WORLD_SIZE)"
+        return (
+            f"builds a Trainer with devices={fit['devices']}, num_nodes={fit['num_nodes']}, expected "
+            f"devices={expected[0]}, num_nodes={expected[1]}: read the layout from WORLD_SIZE and the mode "
+            "(local_mode, or LOCAL_WORLD_SIZE)"
         )
     if "DDP" not in fit["strategy"]:
-        raise CheckFailed(f"{where}: the Trainer's strategy is {fit['strategy']}: use strategy='ddp'")
+        return f"builds a Trainer with the strategy {fit['strategy']}: use strategy='ddp'"
     if fit["shard"][1] is not None and fit["shard"] != [rank, world_size]:
-        raise CheckFailed(
-            f"{where}: the datamodule reads shard {fit['shard'][0]} of {fit['shard'][1]}: use "
+        return (
+            f"gives the Trainer a datamodule that reads shard {fit['shard'][0]} of {fit['shard'][1]}: use "
             "device_id=RANK and device_count=WORLD_SIZE from os.environ"
         )
     if fit["gpu"] != use_gpu:
-        raise CheckFailed(
-            f"{where}: the Trainer runs on the {'GPU' if fit['gpu'] else 'CPU'} but settings.use_gpu="
-            f"{use_gpu}: accelerator='gpu' if settings.use_gpu else 'cpu'"
+        return (
+            f"trains on the {'GPU' if fit['gpu'] else 'CPU'} but settings.use_gpu is {use_gpu}: "
+            "accelerator='gpu' if settings.use_gpu else 'cpu'"
         )
-    if settings is not None:
-        _judge_settings(fit, settings, where, world_size)
+    return _settings_problem(fit, settings, world_size) if settings is not None else None
 
 
-def _judge_settings(fit: dict[str, Any], settings: Any, where: str, world_size: int) -> None:
-    """The Trainer uses the settings it was given: epochs, batch size, and the learning rate scaled by the world
-    size (a model without a ``learning_rate`` attribute is not judged on it)."""
+def _settings_problem(fit: dict[str, Any], settings: Any, world_size: int) -> str | None:
+    """What the Trainer does not take from the settings it was given, or None: epochs, batch size, and the learning
+    rate scaled by the world size (a model without a ``learning_rate`` attribute is not judged on it)."""
     if fit["max_epochs"] != settings.max_epochs:
-        raise CheckFailed(
-            f"{where}: the Trainer runs {fit['max_epochs']} epochs, settings.max_epochs is "
-            f"{settings.max_epochs}: pass max_epochs=settings.max_epochs"
+        return (
+            f"runs {fit['max_epochs']} epochs, settings.max_epochs is {settings.max_epochs}: pass "
+            "max_epochs=settings.max_epochs"
         )
     if fit["batch_size"] is not None and fit["batch_size"] != settings.batch_size:
-        raise CheckFailed(
-            f"{where}: the datamodule's batch is {fit['batch_size']}, settings.batch_size is "
-            f"{settings.batch_size}: each process takes settings.batch_size rows per step"
+        return (
+            f"reads batches of {fit['batch_size']}, settings.batch_size is {settings.batch_size}: each process "
+            "takes settings.batch_size rows per step"
         )
     scaled = settings.learning_rate * world_size
     if fit["learning_rate"] is not None and not close(fit["learning_rate"], scaled, rel=1e-9):
-        raise CheckFailed(
-            f"{where}: the model's learning rate is {fit['learning_rate']!r}, expected settings.learning_rate x "
+        return (
+            f"gives the model the learning rate {fit['learning_rate']!r}, expected settings.learning_rate x "
             f"WORLD_SIZE = {scaled:g}: the global batch is WORLD_SIZE times larger, so scale the rate as Horovod's "
             "strategy did"
         )
+    return None
 
 
-def _simulated(answer, args: tuple, rank: int, world_size: int, local_mode: bool) -> None:
-    """Call ``answer`` here as ``rank`` of a simulated torchrun job, stopping at ``fit``, and judge its Trainer."""
-    records: list[dict[str, Any]] = []
-    with torchrun_env(rank, world_size, local_mode), recorded_fits(records, stop=True):
-        try:
-            with own_work(*_ddp_helpers()):
-                answer(*args, local_mode=local_mode)
-        except FitStopped:
-            pass
-    _judge_fit(records, rank, world_size, local_mode, use_gpu=False, settings=args[3])
+def _quick(settings: Any, **changes: Any) -> Any:
+    """The lesson's settings for one short training by the check: one epoch, no MLflow run, no checkpoint to restore,
+    checkpoints in a folder of the check's; then ``changes``."""
+    folder = str(check_dir("4.3-checkpoints"))
+    quick = {"max_epochs": 1, "mlflow_experiment": None, "ckpt_restore": None, "default_dir": folder, "run_name": None}
+    return settings.replace(**{**quick, **changes})
 
 
-def run_recorded(answer, record_dir: str, *args: Any, **kwargs: Any) -> Any:
-    """What the check's TorchDistributor job runs in each process: ``answer``, with a report of its Trainers,
-    its return and its error written to ``record_dir/rank-N.json``.
-
-    Args:
-        answer: the learner's ``ddp_train``.
-        record_dir: the folder for the reports, one ``rank-N.json`` per process.
-        args: positional arguments for ``answer``.
-        kwargs: keyword arguments for ``answer``.
-
-    Returns:
-        What ``answer`` returned.
-
-    Raises:
-        Exception: whatever ``answer`` raises (:class:`~helpers.course.checks.Delegated` when it calls one of
-            the course's training helpers), after the report is written.
-    """
-    with rank_report(record_dir, fits=[], returned=False) as report:
-        with recorded_fits(report["fits"], stop=False), own_work(*_ddp_helpers()):
-            output = answer(*args, **kwargs)
-        report["returned"] = output is not None
-        return output
+def _ddp_arguments(namespace: Mapping[str, Any], **changes: Any) -> tuple:
+    """``ddp_train``'s arguments but ``local_mode``, from the notebook's converters, classes and settings."""
+    train_converter, val_converter, class_names, settings = require(
+        namespace, "train_converter", "val_converter", "class_names", "settings"
+    )
+    return train_converter, val_converter, len(class_names), _quick(settings, **changes)
 
 
-def _on_workers(answer, namespace, args: tuple, workers: int, use_gpu: bool) -> None:
-    """Run ``answer`` for real with TorchDistributor on the notebook's workers and judge every rank's report."""
+def _simulated_ranks(namespace: Mapping[str, Any]) -> list[Case]:
+    """The calls made in this process, ``(arguments, local_mode, world_size, rank)``: the first and last rank of a
+    job on one node and of one on the workers, both of other sizes than the lesson's, with settings of the check's
+    own (whether the answer uses the ones it is given)."""
+    rng = random.Random(45)
+    own = {"max_epochs": rng.randint(2, 5), "batch_size": rng.randint(5, 13)}
+    args = _ddp_arguments(
+        namespace, use_gpu=False, mixed_precision=False, **own, learning_rate=rng.choice([0.003, 0.007, 0.03])
+    )
+    jobs = ((True, rng.randint(3, 4)), (False, rng.randint(3, 6)))
+    return [Case((args, local, size, rank)) for local, size in jobs for rank in (0, size - 1)]
+
+
+@contextmanager
+def _simulated_rank(case: tuple, _given: Call) -> Iterator[dict[str, list]]:
+    """This process as a rank of a ``torchrun`` job (the case's), its Trainers recorded and stopped at ``fit``."""
+    _args, local_mode, world_size, rank = case
+    seen: dict[str, list] = {"fits": []}
+    with torchrun_env(rank, world_size, local_mode), recorded_fits(seen["fits"], stop=True):
+        yield seen
+
+
+def _where(local_mode: bool) -> str:
+    return "on one node (local mode)" if local_mode else "on the workers"
+
+
+def _simulated_problem(case: tuple, got: Watched, _given: Call) -> str | None:
+    args, local_mode, world_size, rank = case
+    problem = _fit_problem(got.seen["fits"], rank, world_size, local_mode, use_gpu=False, settings=args[3])
+    return problem and f"as rank {rank} of {world_size} {_where(local_mode)} {problem}"
+
+
+def _workers_job(namespace: Mapping[str, Any]) -> list[Case]:
+    """The call made in the real job, ``(arguments, workers, use_gpu)``: the lesson's settings for one epoch, on the
+    notebook's ``WORKERS`` processes (on GPUs where ``USE_GPU``), on the cluster of its ``spark``."""
+    require(namespace, "spark")
+    return [Case((_ddp_arguments(namespace), _workers(namespace), bool(namespace.get("USE_GPU", False))))]
+
+
+def _on_the_workers(processes: int, job, kwargs: dict[str, Any]) -> None:
+    """Run ``job(**kwargs)`` in ``processes`` TorchDistributor processes on the active session's workers (on GPUs
+    where the case says so), cancelled as soon as a task fails or an executor is lost."""
     from pyspark.ml.torch.distributor import TorchDistributor
+    from pyspark.sql import SparkSession
 
     from helpers.distributor import run_sealed, watched_job
     from helpers.spark import configure_python_env
 
-    spark = require(namespace, "spark")
+    spark = SparkSession.getActiveSession()
     configure_python_env()
-
-    def launch(record_dir: str) -> None:
-        with watched_job(spark, workers):
-            distributor = TorchDistributor(num_processes=workers, local_mode=False, use_gpu=use_gpu)
-            run_sealed(distributor, run_recorded, answer, record_dir, *args, local_mode=False)
-
-    with hinted(
-        "ddp_train runs in every TorchDistributor process on the workers: use only its arguments and what it "
-        "imports there (not the notebook's spark or other globals)"
-    ):
-        reports = recorded_job("4.3-reports", "the TorchDistributor job on the workers", launch)
-    _judge_reports(reports, workers, use_gpu)
+    with watched_job(spark, processes):
+        distributor = TorchDistributor(num_processes=processes, local_mode=False, use_gpu=kwargs["cases"][0][2])
+        run_sealed(distributor, job, **kwargs)
 
 
-def _judge_reports(reports: dict[int, dict[str, Any]], workers: int, use_gpu: bool) -> None:
-    """Every rank of the real job fitted the right Trainer, and rank 0 returned something."""
-    for rank in range(workers):
-        _judge_fit(reports.get(rank, {}).get("fits", []), rank, workers, False, use_gpu)
-    if not reports[0]["returned"]:
-        raise CheckFailed("rank 0 returned None: return train's result (or what you want back) on rank 0")
-    also = sorted(rank for rank, report in reports.items() if rank != 0 and report.get("returned"))
+@contextmanager
+def _fits_recorded(_case: tuple, _given: Call) -> Iterator[dict[str, list]]:
+    """In a rank of the real job: its Trainers recorded, and fitted."""
+    seen: dict[str, list] = {"fits": []}
+    with recorded_fits(seen["fits"], stop=False):
+        yield seen
+
+
+def _workers_problem(case: tuple, per_rank: list[Watched], _given: Call) -> str | None:
+    """Every rank fitted the right Trainer; rank 0 alone returned something."""
+    _args, workers, use_gpu = case
+    for rank, got in enumerate(per_rank):
+        problem = _fit_problem(got.seen["fits"], rank, workers, local_mode=False, use_gpu=use_gpu)
+        if problem:
+            return f"as rank {rank} of {workers} on the workers {problem}"
+    if per_rank[0].returned is None:
+        return "returned None on rank 0: return train's result (or what you want back) on rank 0"
+    also = [rank for rank, got in enumerate(per_rank) if rank and got.returned is not None]
     if also:
-        raise CheckFailed(
-            f"rank(s) {also} returned a result too: return it on rank 0 only (None elsewhere); run() keeps rank "
+        return (
+            f"returned a result on rank(s) {also} too: return it on rank 0 only (None elsewhere); run() keeps rank "
             "0's and drops the others"
         )
+    return None
 
 
-@register("4.3")
-def ddp_training_function(namespace) -> str:
-    """``ddp_train(train_converter, val_converter, class_count, settings, local_mode)``: what TorchDistributor runs.
+def _ddp_call(args: tuple, local_mode: bool) -> str:
+    """How a hint shows ``ddp_train``'s arguments (a call on the notebook's converters and settings)."""
+    return f"train_converter, val_converter, {args[2]}, settings, local_mode={local_mode}"
 
-    Called here under a simulated ``torchrun`` environment (other world sizes, both modes, stopped at ``fit``),
-    then run for real on the notebook's workers for one epoch; the Trainer's layout, strategy, accelerator and
-    shard are recorded in each process (and, for the simulated ranks, which get settings of their own, the
-    epochs, batch size and learning rate), and rank 0 alone must return something.
 
-    Args:
-        namespace: the notebook's ``globals()``, holding ``ddp_train``, ``train_converter``, ``val_converter``,
-            ``class_names``, ``settings`` and ``spark``, and ``WORKERS`` (default 2) and ``USE_GPU`` (default
-            False) for the real job.
+_DDP_DECLARED = dict(answer="ddp_train", fixed=(), forbid=_DDP_HELPERS, effect_only=True, passed="")
 
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: one of those names is not defined, or ``ddp_train`` is a stub.
-        CheckFailed: ``WORKERS`` is not a whole number; a simulated or real rank never fits a Trainer, or fits
-            one with the wrong ``devices``/``num_nodes``, a strategy other than DDP, another shard, the wrong
-            accelerator, or other epochs, batch size or (unscaled) learning rate than ``settings`` asks; the job
-            on the workers failed (the hint gives a failed rank's error); rank 0 returned None, or another rank
-            returned something.
-        Delegated: the answer calls one of the course's training helpers (``helpers.worker``'s
-            ``train_process``, ``launch_training``, ``train_hvd``, ``train_with_distributor``;
-            ``helpers.distributor``'s ``run_with_distributor``, ``ddp_layout``, ``make_distributor``).
-        Exception: any other error raised in this process (by the answer in a simulated rank, or by
-            ``settings.replace``), unchanged (``check`` shows it as a failure).
-    """
-    ddp_train, train_converter, val_converter, class_names, settings = require(
-        namespace, "ddp_train", "train_converter", "val_converter", "class_names", "settings"
+#: ``ddp_train(train_converter, val_converter, class_count, settings, local_mode)``: what TorchDistributor runs.
+#: Called here as ranks of simulated ``torchrun`` jobs (other world sizes, both modes, settings of the check's own,
+#: stopped at ``fit``), then run for one epoch on the notebook's ``WORKERS`` processes on its workers: every rank's
+#: Trainer must have the layout, strategy, shard and accelerator, and rank 0 alone return something.
+ddp_training_function = register("4.3")(
+    FunctionChecks(
+        (
+            FunctionCheck(
+                "4.3",
+                **_DDP_DECLARED,
+                from_namespace=_simulated_ranks,
+                show=lambda case: _ddp_call(case[0], case[1]),
+                arguments=lambda case: Call(case[0], {"local_mode": case[1]}),
+                around=_simulated_rank,
+                judge=_simulated_problem,
+                cleanup=lambda case, _made: shutil.rmtree(case[0][3].default_dir, ignore_errors=True),
+                hint="read RANK, WORLD_SIZE and LOCAL_WORLD_SIZE from os.environ and train with the settings given",
+                passed_namespace="the right Trainer in both modes",
+            ),
+            FunctionCheck(
+                "4.3",
+                **_DDP_DECLARED,
+                from_namespace=_workers_job,
+                show=lambda case: _ddp_call(case[0], False),
+                arguments=lambda case: Call(case[0], {"local_mode": False}),
+                processes=lambda cases: cases[0][1],
+                launch=_on_the_workers,
+                around=_fits_recorded,
+                collect=lambda _result, _case: True,  # only whether it returned: a Trainer need not come back
+                judge=_workers_problem,
+                cleanup=lambda case, _made: shutil.rmtree(case[0][3].default_dir, ignore_errors=True),
+                hint=(
+                    "ddp_train runs in every TorchDistributor process on the workers: use only its arguments and "
+                    "what it imports there (not the notebook's spark or other globals)"
+                ),
+                passed_namespace=lambda own: f"{own[0].args[1]} DDP processes trained on the workers and rank 0 "
+                "returned",
+            ),
+        )
     )
-    workers, use_gpu = _workers(namespace), bool(namespace.get("USE_GPU", False))
-    checkpoints = check_dir("4.3-checkpoints")
-    quick = settings.replace(
-        max_epochs=1, mlflow_experiment=None, ckpt_restore=None, default_dir=str(checkpoints), run_name=None
-    )
-    rng = random.Random(45)
-    # the simulated ranks stop at fit: settings of their own show whether the answer uses the ones it is given
-    cpu = quick.replace(
-        use_gpu=False,
-        mixed_precision=False,
-        max_epochs=rng.randint(2, 5),
-        batch_size=rng.randint(5, 13),
-        learning_rate=rng.choice([0.003, 0.007, 0.03]),
-    )
-    args = (train_converter, val_converter, len(class_names), cpu)
-    for local_mode, world_size in ((True, rng.randint(3, 4)), (False, rng.randint(3, 6))):
-        for rank in (0, world_size - 1):
-            _simulated(ddp_train, args, rank, world_size, local_mode)
-    try:
-        _on_workers(ddp_train, namespace, (train_converter, val_converter, len(class_names), quick), workers, use_gpu)
-    finally:
-        shutil.rmtree(checkpoints, ignore_errors=True)
-    return f"the right Trainer in both modes; {workers} DDP processes trained on the workers and rank 0 returned"
+)
 
 
 # ---------------------------------------------------------------------------------------------------------- 4.5

@@ -14,7 +14,7 @@ import json
 import math
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
@@ -22,19 +22,14 @@ from typing import Any
 import numpy as np
 
 from helpers.course.checks import (
-    CheckFailed,
     close,
-    hinted,
-    named_helpers,
-    own_work,
     quiet_lightning,
     register,
     require,
-    require_implemented,
     whole_number,
 )
-from helpers.course.checks.function_check import NUMBER, FunctionCheck, Returns
-from helpers.course.checks.ranks import FitStopped, rank_report, recorded_fits, recorded_job, torchrun_env
+from helpers.course.checks.function_check import NUMBER, Case, FunctionCheck, FunctionChecks, Returns, Watched
+from helpers.course.checks.ranks import recorded_fits, torchrun_env
 
 __all__ = [
     "LOOP_CONFIG_KEYS",
@@ -43,7 +38,6 @@ __all__ = [
     "paper_bytes",
     "ray_scaling_config",
     "ray_training_function",
-    "run_recorded_loop",
     "zero_memory_per_device",
 ]
 
@@ -149,12 +143,13 @@ ray_scaling_config = register("6.1")(
 
 # ---------------------------------------------------------------------------------------------------------- 6.2
 
-
-def _loop_helpers() -> tuple[Any, ...]:
-    """The course's helpers that would do exercise 6.2 for the learner."""
-    from helpers.worker import _rank_and_strategy, train_process, train_with_ray
-
-    return (train_process, _rank_and_strategy, train_with_ray, *named_helpers(*_RAY_LAUNCHER))
+#: The course's helpers that would do exercise 6.2 for the learner.
+_LOOP_HELPERS = (
+    "helpers.worker:train_process",
+    "helpers.worker:_rank_and_strategy",
+    "helpers.worker:train_with_ray",
+    *_RAY_LAUNCHER,
+)
 
 
 @contextmanager
@@ -181,74 +176,90 @@ def _ray_session(rank: int, world_size: int) -> Iterator[None]:
         context.set_train_context(saved)
 
 
-def _judge_ray_fit(fits: list[dict[str, Any]], rank: int, world_size: int, use_gpu: bool, where: str) -> None:
-    """The first Trainer of ``rank``: the job's world size and this rank, DDP, this rank's shard, the accelerator."""
+def _ray_fit_problem(fits: list[dict[str, Any]], rank: int, world_size: int, use_gpu: bool) -> str | None:
+    """What is wrong with the first Trainer of ``rank``, or None: the job's world size and this rank, DDP, this
+    rank's shard, the accelerator."""
     if not fits:
-        raise CheckFailed(f"{where}: your function never fits a Trainer: call trainer.fit(model, datamodule=...)")
+        return "never fits a Trainer: call trainer.fit(model, datamodule=...)"
     fit = fits[0]
     if (fit["world_size"], fit["global_rank"]) != (world_size, rank):
-        raise CheckFailed(
-            f"{where}: the Trainer sees world size {fit['world_size']} and rank {fit['global_rank']}: use "
+        return (
+            f"builds a Trainer that sees world size {fit['world_size']} and rank {fit['global_rank']}: use "
             "strategy=RayDDPStrategy() with plugins=[RayLightningEnvironment()], which take both from Ray's context"
         )
     if "DDP" not in fit["strategy"]:
-        raise CheckFailed(f"{where}: the Trainer's strategy is {fit['strategy']}: use RayDDPStrategy()")
+        return f"builds a Trainer with the strategy {fit['strategy']}: use RayDDPStrategy()"
     if fit["shard"] != [rank, world_size]:
-        raise CheckFailed(
-            f"{where}: the datamodule reads shard {fit['shard'][0]} of {fit['shard'][1]}: use device_id=rank and "
-            "device_count=world_size from ray.train.get_context()"
+        return (
+            f"gives the Trainer a datamodule that reads shard {fit['shard'][0]} of {fit['shard'][1]}: use "
+            "device_id=rank and device_count=world_size from ray.train.get_context()"
         )
     if fit["gpu"] != use_gpu:
-        raise CheckFailed(
-            f"{where}: the Trainer runs on the {'GPU' if fit['gpu'] else 'CPU'} but config['use_gpu'] is {use_gpu}: "
+        return (
+            f"trains on the {'GPU' if fit['gpu'] else 'CPU'} but config['use_gpu'] is {use_gpu}: "
             "accelerator='gpu' if config['use_gpu'] else 'cpu'"
         )
+    return None
 
 
-def _simulated_loop(answer, config: dict[str, Any], rank: int, world_size: int) -> None:
-    """Call ``answer(config)`` here as ``rank`` of a simulated Ray Train job, stopping at ``fit``; judge its Trainer."""
-    fits: list[dict[str, Any]] = []
+def _loop_config(namespace: Mapping[str, Any], use_gpu: bool) -> dict[str, Any]:
+    """The loop's configuration for one short training by the check (see :data:`LOOP_CONFIG_KEYS`): the notebook's
+    converters and classes, small images, one epoch."""
+    train_converter, val_converter, class_names = require(namespace, "train_converter", "val_converter", "class_names")
+    return {
+        "train_converter": train_converter,
+        "val_converter": val_converter,
+        "class_count": len(class_names),
+        "batch_size": 16,
+        "image_size": 8,
+        "learning_rate": 0.01,
+        "max_epochs": 1,
+        "use_gpu": use_gpu,
+    }
+
+
+def _simulated_workers(namespace: Mapping[str, Any]) -> list[Case]:
+    """The calls made in this process, ``(config, world_size, rank)``: the first and last worker of a job of
+    another size than the lesson's."""
+    world_size = random.Random(62).randint(3, 4)
+    return [Case((_loop_config(namespace, use_gpu=False), world_size, rank)) for rank in (0, world_size - 1)]
+
+
+@contextmanager
+def _simulated_worker(case: tuple, _given: tuple) -> Iterator[dict[str, list]]:
+    """This process as a worker of a Ray Train job (the case's), its Trainers recorded and stopped at ``fit``; the
+    environment Lightning's launchers export "for the other ranks" (``MASTER_ADDR``, ``NODE_RANK``...) undone."""
+    _config, world_size, rank = case
+    seen: dict[str, list] = {"fits": []}
     with torchrun_env(rank, world_size, local_mode=False), _ray_session(rank, world_size):
-        saved = dict(os.environ)  # Lightning's launchers export MASTER_ADDR, NODE_RANK, ... for the "other ranks"
+        saved = dict(os.environ)
         try:
-            with recorded_fits(fits, stop=True), own_work(*_loop_helpers()), quiet_lightning():
-                answer(dict(config))
-        except FitStopped:
-            pass
+            with recorded_fits(seen["fits"], stop=True), quiet_lightning():
+                yield seen
         finally:
             os.environ.clear()
             os.environ.update(saved)
-    _judge_ray_fit(fits, rank, world_size, False, f"rank {rank} of {world_size} Ray Train workers")
 
 
-def run_recorded_loop(answer, record_dir: str, config: dict[str, Any]) -> None:
-    """What the check's Ray Train job runs in each worker: ``answer(config)``, with a report of its Trainers, the
-    metrics it reported to Ray and its error written to ``record_dir/rank-N.json``.
+def _simulated_problem(case: tuple, got: Watched, _given: tuple) -> str | None:
+    _config, world_size, rank = case
+    problem = _ray_fit_problem(got.seen["fits"], rank, world_size, use_gpu=False)
+    return problem and f"as rank {rank} of {world_size} Ray Train workers {problem}"
 
-    Args:
-        answer: the learner's ``train_loop_per_worker``.
-        record_dir: the folder for the reports (shared storage on a real cluster).
-        config: the loop's configuration (see :data:`LOOP_CONFIG_KEYS`).
 
-    Raises:
-        Exception: whatever ``answer`` raised, after the report is written (the job then fails).
-    """
-    from ray.train.v2._internal.execution.context import get_train_context
+def _ray_job(namespace: Mapping[str, Any]) -> list[Case]:
+    """The call made in the real job, ``(config, workers)``: on the notebook's ``WORKERS`` Ray Train workers (on
+    GPUs where ``USE_GPU``), on the Ray cluster it started."""
+    config = _loop_config(namespace, use_gpu=bool(namespace.get("USE_GPU", False)))
+    return [Case((config, whole_number(namespace.get("WORKERS", 2), "WORKERS")))]
 
-    live = get_train_context()
-    forward = live.report
-    with rank_report(record_dir, fits=[], reports=[]) as report:
 
-        def recorded(metrics, checkpoint=None, checkpoint_dir_name=None):
-            report["reports"].append({key: _number(value) for key, value in metrics.items()})
-            return forward(metrics, checkpoint=checkpoint, checkpoint_dir_name=checkpoint_dir_name)
+def _on_ray(processes: int, job, kwargs: dict[str, Any]) -> None:
+    """Run ``job(**kwargs)`` in ``processes`` Ray Train workers on the connected Ray cluster (on GPUs where the
+    case's config says so)."""
+    from helpers.ray_launcher import run_with_ray
 
-        live.report = recorded
-        try:
-            with recorded_fits(report["fits"], stop=False), own_work(*_loop_helpers()):
-                answer(config)
-        finally:
-            live.report = forward
+    run_with_ray(job, processes, use_gpu=kwargs["cases"][0][0]["use_gpu"], **kwargs)
 
 
 def _number(value: Any) -> float | None:
@@ -259,83 +270,89 @@ def _number(value: Any) -> float | None:
         return None
 
 
-def _on_ray(answer, config: dict[str, Any], workers: int) -> dict[int, dict[str, Any]]:
-    """Run ``answer`` for real with Ray Train on the connected Ray cluster; return every rank's report."""
-    from helpers.ray_launcher import run_with_ray
+@contextmanager
+def _reports_recorded(_case: tuple, _given: tuple) -> Iterator[dict[str, list]]:
+    """In a worker of the real job: its Trainers recorded and fitted, and what it reports to Ray recorded and
+    passed on."""
+    from ray.train.v2._internal.execution.context import get_train_context
 
-    def launch(record_dir: str) -> None:
-        job = {"answer": answer, "record_dir": record_dir, "config": config}
-        run_with_ray(run_recorded_loop, workers, use_gpu=config["use_gpu"], **job)
+    live = get_train_context()
+    forward = live.report
+    seen: dict[str, list] = {"fits": [], "reports": []}
 
-    with hinted(
-        "train_loop_per_worker runs in every Ray Train worker: use only config and what it imports there (not the "
-        "notebook's globals), and report to Ray from every worker"
-    ):
-        return recorded_job("6.2-reports", "the Ray Train job", launch)
+    def recorded(metrics, checkpoint=None, checkpoint_dir_name=None):
+        seen["reports"].append({key: _number(value) for key, value in metrics.items()})
+        return forward(metrics, checkpoint=checkpoint, checkpoint_dir_name=checkpoint_dir_name)
+
+    live.report = recorded
+    try:
+        with recorded_fits(seen["fits"], stop=False):
+            yield seen
+    finally:
+        live.report = forward
 
 
-def _judge_ray_reports(reports: dict[int, dict[str, Any]], workers: int, use_gpu: bool) -> None:
+def _ray_problem(case: tuple, per_rank: list[Watched], _given: tuple) -> str | None:
     """Every worker of the real job fitted the right Trainer and reported a finite ``val_loss`` to Ray."""
-    for rank in range(workers):
-        where = f"rank {rank} of the {workers} Ray Train workers"
-        report = reports.get(rank, {})
-        _judge_ray_fit(report.get("fits", []), rank, workers, use_gpu, where)
-        losses = [r.get("val_loss") for r in report.get("reports", [])]
+    config, workers = case
+    for rank, got in enumerate(per_rank):
+        where = f"as rank {rank} of {workers} Ray Train workers"
+        problem = _ray_fit_problem(got.seen["fits"], rank, workers, config["use_gpu"])
+        if problem:
+            return f"{where} {problem}"
+        losses = [report.get("val_loss") for report in got.seen["reports"]]
         if not any(loss is not None and math.isfinite(loss) for loss in losses):
-            raise CheckFailed(
+            return (
                 f"{where} reported {len(losses)} times to Ray, never a val_loss: call ray.train.report with "
                 "trainer.callback_metrics on every worker, from a callback's on_train_epoch_end"
             )
+    return None
 
 
-@register("6.2")
-def ray_training_function(namespace) -> str:
-    """``train_loop_per_worker(config)``: what every Ray Train worker runs (rank and world size from Ray's context,
-    this rank's shard, lesson 2's model, Lightning under Ray's DDP strategy, metrics reported to Ray).
+_LOOP_DECLARED = dict(
+    answer="train_loop_per_worker",
+    fixed=(),
+    forbid=_LOOP_HELPERS,
+    arguments=lambda case: (dict(case[0]),),
+    show=lambda _case: "config",
+    effect_only=True,
+    passed="",
+)
 
-    Called here as two ranks of a simulated job of 3 or 4 workers (stopped at ``fit``), then run for one epoch on
-    small images with Ray Train on the notebook's Ray cluster (``WORKERS`` workers), where every worker records its
-    Trainer and what it reported.
-
-    Args:
-        namespace: the notebook's ``globals()``, holding ``train_loop_per_worker``, ``train_converter``,
-            ``val_converter``, ``class_names``, ``WORKERS`` (default 2) and ``USE_GPU`` (default False); Ray must
-            be running (``ray_cluster``).
-
-    Returns:
-        The success message ``check`` shows.
-
-    Raises:
-        NotAttempted: a name is not defined, or ``train_loop_per_worker`` is a stub.
-        CheckFailed: a Trainer does not have the job's world size and its rank, DDP, the rank's shard or the
-            accelerator asked for; a worker reported no ``val_loss`` to Ray; the Ray Train job failed.
-        Delegated: the answer calls ``helpers.worker.train_process`` or another helper that trains for it.
-        Exception: any other error from the answer, unchanged (``check`` shows it as a failure).
-    """
-    answer, train_converter, val_converter, class_names = require(
-        namespace, "train_loop_per_worker", "train_converter", "val_converter", "class_names"
+#: ``train_loop_per_worker(config)``: what every Ray Train worker runs (rank and world size from Ray's context, this
+#: rank's shard, lesson 2's model, Lightning under Ray's DDP strategy, metrics reported to Ray). Called here as two
+#: workers of a simulated job of 3 or 4 (stopped at ``fit``), then run for one epoch on small images with Ray Train
+#: on the notebook's Ray cluster (its ``WORKERS`` workers), where every worker records its Trainer and its reports.
+ray_training_function = register("6.2")(
+    FunctionChecks(
+        (
+            FunctionCheck(
+                "6.2",
+                **_LOOP_DECLARED,
+                from_namespace=_simulated_workers,
+                around=_simulated_worker,
+                judge=_simulated_problem,
+                hint="read the rank and world size from ray.train.get_context() and train under RayDDPStrategy",
+                passed_namespace=lambda own: f"the right rank, world size and shard as ranks of {own[0].args[1]} "
+                "workers",
+            ),
+            FunctionCheck(
+                "6.2",
+                **_LOOP_DECLARED,
+                from_namespace=_ray_job,
+                processes=lambda cases: cases[0][1],
+                launch=_on_ray,
+                around=_reports_recorded,
+                judge=_ray_problem,
+                hint=(
+                    "train_loop_per_worker runs in every Ray Train worker: use only config and what it imports there "
+                    "(not the notebook's globals), and report to Ray from every worker"
+                ),
+                passed_namespace=lambda own: f"{own[0].args[1]} Ray Train workers trained and reported val_loss to Ray",
+            ),
+        )
     )
-    require_implemented(answer)
-    workers = whole_number(namespace.get("WORKERS", 2), "WORKERS")
-    use_gpu = bool(namespace.get("USE_GPU", False))
-    config = {
-        "train_converter": train_converter,
-        "val_converter": val_converter,
-        "class_count": len(class_names),
-        "batch_size": 16,
-        "image_size": 8,
-        "learning_rate": 0.01,
-        "max_epochs": 1,
-        "use_gpu": False,
-    }
-    world_size = random.Random(62).randint(3, 4)
-    for rank in (0, world_size - 1):
-        _simulated_loop(answer, config, rank, world_size)
-    _judge_ray_reports(_on_ray(answer, {**config, "use_gpu": use_gpu}, workers), workers, use_gpu)
-    return (
-        f"the right rank, world size and shard as ranks of {world_size} workers; {workers} Ray Train workers trained "
-        "and reported val_loss to Ray"
-    )
+)
 
 
 # ---------------------------------------------------------------------------------------------------------- 6.3

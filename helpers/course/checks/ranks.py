@@ -2,8 +2,8 @@
 simulated rank and a record of every ``Trainer.fit`` (stopped before it trains, or not); in a real job, whatever its
 launcher, a report that every rank writes to shared storage, and the verdict the reports give when the job fails.
 
-The engine's rank checks (lesson 3, local Horovod), lesson 4's TorchDistributor check (4.3) and lesson 6's Ray Train
-check (6.2) share it; 4.5 takes its folders here too.
+The engine's rank checks share it, whatever launches their ranks (lesson 3: local Horovod; 4.3: TorchDistributor on
+the workers; 6.2: Ray Train); 4.5 takes its folders here too.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,6 @@ __all__ = [
     "rank_report",
     "rank_reports",
     "recorded_fits",
-    "recorded_job",
     "report_folder",
     "torchrun_env",
 ]
@@ -168,23 +167,3 @@ def job_failure(record_dir: Path, job: str, error: Exception) -> CheckFailed:
         return Delegated(delegated[0].split(": ", 1)[1])
     said = failed[0]["error"] if failed else f"{type(error).__name__}: {str(error)[:400]}"
     return CheckFailed(f"{job} failed: {said}")
-
-
-def recorded_job(name: str, job: str, launch: Callable[[str], Any]) -> dict[int, dict[str, Any]]:
-    """Run a check's real job, ``launch(record_dir)``, whose ranks write :func:`rank_report`; every rank's report.
-
-    Args:
-        name: the check's name for its report folder, e.g. ``"4.3-reports"``.
-        job: the job as the learner's hint names it, e.g. ``"the TorchDistributor job"``.
-        launch: starts the job, its ranks writing their reports to the folder it is given; raises if the job fails.
-
-    Raises:
-        Delegated: a rank's answer called a course helper that does the exercise.
-        CheckFailed: the job failed: the first rank's error, else the launcher's.
-    """
-    with report_folder(name) as record_dir:
-        try:
-            launch(str(record_dir))
-        except Exception as exc:
-            raise job_failure(record_dir, job, exc) from None
-        return rank_reports(record_dir)
