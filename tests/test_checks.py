@@ -30,7 +30,7 @@ from helpers.course.checks import (
     require,
     require_implemented,
 )
-from helpers.course.checks.function_check import Call, Case, FunctionCheck, FunctionChecks, Returns, Watched
+from helpers.course.checks.function_check import Call, Case, FunctionCheck, FunctionChecks, Returns, Seen, Watched
 
 
 @pytest.fixture(autouse=True)
@@ -429,7 +429,7 @@ def _calls_seen(case, given):
 
     from helpers.course.checks.ranks import FitStopped
 
-    seen = {"calls": []}
+    seen = Seen(calls=[])
 
     def twice(value):
         seen["calls"].append(value)
@@ -482,6 +482,21 @@ def test_what_around_sees_of_a_call_reaches_the_judge_in_process_and_from_ranks(
     with pytest.raises(CheckFailed, match=r"^work\(3\) called twice\(\[3\]\): call it twice$"):
         check(_calls_once)
     assert not hasattr(sys.modules[__name__], "twice")
+
+
+def test_a_context_that_yields_something_else_leaves_the_result_as_it_is():
+    """Only a :class:`Seen` is what ``around`` saw: a context that yields a value of its own (a mock) does not
+    change what the judge gets."""
+    check = FunctionCheck(
+        "97.14",
+        answer="double",
+        fixed=[(2,)],
+        reference=lambda n: 2 * n,
+        around=lambda case, given: contextlib.nullcontext({"not": "seen"}),
+        hint="double it",
+        passed="doubled",
+    )
+    assert check(lambda n: n + n) == "doubled"
 
 
 def test_a_failure_in_a_hinted_block_gets_the_hint_and_nothing_else_changes():

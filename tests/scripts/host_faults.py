@@ -25,12 +25,18 @@ from pathlib import Path
 from helpers.cluster import LocalCluster
 from helpers.loaders import prepare_data
 from helpers.lost_hosts import executor_hosts
-from helpers.spark import executor_count
+from helpers.spark import LOG4J2_CONFIG, QUICK_JVM_OPTIONS, executor_count
 from helpers.workdir import work_dir
 from helpers.worker import TrainSettings, launch_training
 
 PROCESSES = 3
 SIGNAL_TIMEOUT_S = 300
+#: the driver's logging, and how its JVM came to exit if it does mid-job (a scenario that ended early, see
+#: tests/fixtures/log4j2-exits.properties): Log4j 2 merges the files listed
+EXITS_LOGGED = {
+    "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()},"
+    f"{Path(__file__).parents[1].joinpath('fixtures', 'log4j2-exits.properties').as_uri()} {QUICK_JVM_OPTIONS}"
+}
 
 
 def wait_for(path: Path, timeout: float = SIGNAL_TIMEOUT_S) -> str:
@@ -100,7 +106,7 @@ def scenario(spark, data, launcher: str, fault: str, signals: Path) -> dict:
 
 
 def main(master_url: str, signals: str, scenarios: list[str]) -> None:
-    with LocalCluster(workers=PROCESSES, master_url=master_url, start_timeout=180) as cluster:
+    with LocalCluster(workers=PROCESSES, master_url=master_url, start_timeout=180, spark_conf=EXITS_LOGGED) as cluster:
         data = prepare_data(None, num_devices=PROCESSES, spark=cluster.spark)
         for launcher_and_fault in scenarios:
             launcher, fault = launcher_and_fault.split(":")

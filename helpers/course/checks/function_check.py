@@ -67,6 +67,7 @@ __all__ = [
     "FunctionCheck",
     "FunctionChecks",
     "Returns",
+    "Seen",
     "Watched",
     "drive",
     "resume",
@@ -151,10 +152,15 @@ class Collected(dict):
     judge can tell it from whatever else the answer returned: a dict the answer returned is not one."""
 
 
+class Seen(dict):
+    """What an ``around`` that watches the answer's call saw it do (every Trainer it fitted, what it reported), filled
+    while the call runs: the value such an ``around`` yields (other contexts yield what they like, e.g. a mock)."""
+
+
 @dataclass(frozen=True)
 class Watched:
     """What the judge gets of a call whose ``around`` watched it (its context yielded a record): what the call
-    returned (collected), and what ``around`` saw it do (every Trainer it fitted, what it reported)."""
+    returned (collected), and the :class:`Seen` of ``around``."""
 
     returned: Any
     seen: Any
@@ -216,8 +222,9 @@ class FunctionCheck:
         around: ``around(case, given)``, the context the answer's call on ``case`` (with ``given``, what
             ``arguments`` or ``calls`` made of it) runs in, made fresh for each case: MLflow pointed at the check's own
             store, a library's look at the cluster patched, the rank and working directory a training case sets.
-            Where it yields a record (the Trainers the call fits), the judge gets a :class:`Watched` of the result
-            and that record, read when the call has ended (in a rank: written to its report). A call that ``around``
+            Where it yields a :class:`Seen` (filled with the Trainers the call fits), the judge gets a
+            :class:`Watched` of the result and what was seen, read when the call has ended (in a rank: written to its
+            report). A call that ``around``
             stops at ``fit`` (:class:`~helpers.course.checks.ranks.FitStopped`) returned nothing.
         passed_namespace: appended to ``passed`` where there were such cases; ``{m}`` is their number; or a function
             of those cases that says what they showed (the lesson's own numbers).
@@ -364,7 +371,7 @@ class FunctionCheck:
             for case, args in zip(cases, given):
                 with self.around(case, args) if self.around else nullcontext() as seen:
                     outcome = self._outcome(fn, args, case)
-                watched = seen is not None and not isinstance(outcome, _Raised)
+                watched = isinstance(seen, Seen) and not isinstance(outcome, _Raised)
                 results.append(Watched(outcome, seen) if watched else outcome)
                 if isinstance(results[-1], _Raised):
                     break
@@ -478,7 +485,7 @@ def _as_ranks(
             with check.around(case, made) if check.around else nullcontext() as seen:
                 result = _called(answer, made[report["rank"]] if check.calls is not None else made)
                 got = check.collect(result, case) if check.collect is not None and result is not None else result
-            report["results"].append(got if seen is None else Watched(got, seen))
+            report["results"].append(Watched(got, seen) if isinstance(seen, Seen) else got)
 
 
 def _returned(got: Any) -> Any:

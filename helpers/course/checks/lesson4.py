@@ -23,7 +23,7 @@ from helpers.course.checks import (
     require,
     whole_number,
 )
-from helpers.course.checks.function_check import Call, Case, FunctionCheck, FunctionChecks, Returns, Watched
+from helpers.course.checks.function_check import Call, Case, FunctionCheck, FunctionChecks, Returns, Seen, Watched
 from helpers.course.checks.ranks import check_dir, recorded_fits, torchrun_env
 from helpers.logs import logger_levels
 
@@ -464,10 +464,10 @@ def _simulated_ranks(namespace: Mapping[str, Any]) -> list[Case]:
 
 
 @contextmanager
-def _simulated_rank(case: tuple, _given: Call) -> Iterator[dict[str, list]]:
+def _simulated_rank(case: tuple, _given: Call) -> Iterator[Seen]:
     """This process as a rank of a ``torchrun`` job (the case's), its Trainers recorded and stopped at ``fit``."""
     _args, local_mode, world_size, rank = case
-    seen: dict[str, list] = {"fits": []}
+    seen = Seen(fits=[])
     with torchrun_env(rank, world_size, local_mode), recorded_fits(seen["fits"], stop=True):
         yield seen
 
@@ -506,9 +506,9 @@ def _on_the_workers(processes: int, job, kwargs: dict[str, Any]) -> None:
 
 
 @contextmanager
-def _fits_recorded(_case: tuple, _given: Call) -> Iterator[dict[str, list]]:
+def _fits_recorded(_case: tuple, _given: Call) -> Iterator[Seen]:
     """In a rank of the real job: its Trainers recorded, and fitted."""
-    seen: dict[str, list] = {"fits": []}
+    seen = Seen(fits=[])
     with recorded_fits(seen["fits"], stop=False):
         yield seen
 

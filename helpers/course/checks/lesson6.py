@@ -28,7 +28,7 @@ from helpers.course.checks import (
     require,
     whole_number,
 )
-from helpers.course.checks.function_check import NUMBER, Case, FunctionCheck, FunctionChecks, Returns, Watched
+from helpers.course.checks.function_check import NUMBER, Case, FunctionCheck, FunctionChecks, Returns, Seen, Watched
 from helpers.course.checks.ranks import recorded_fits, torchrun_env
 
 __all__ = [
@@ -226,11 +226,11 @@ def _simulated_workers(namespace: Mapping[str, Any]) -> list[Case]:
 
 
 @contextmanager
-def _simulated_worker(case: tuple, _given: tuple) -> Iterator[dict[str, list]]:
+def _simulated_worker(case: tuple, _given: tuple) -> Iterator[Seen]:
     """This process as a worker of a Ray Train job (the case's), its Trainers recorded and stopped at ``fit``; the
     environment Lightning's launchers export "for the other ranks" (``MASTER_ADDR``, ``NODE_RANK``...) undone."""
     _config, world_size, rank = case
-    seen: dict[str, list] = {"fits": []}
+    seen = Seen(fits=[])
     with torchrun_env(rank, world_size, local_mode=False), _ray_session(rank, world_size):
         saved = dict(os.environ)
         try:
@@ -271,14 +271,14 @@ def _number(value: Any) -> float | None:
 
 
 @contextmanager
-def _reports_recorded(_case: tuple, _given: tuple) -> Iterator[dict[str, list]]:
+def _reports_recorded(_case: tuple, _given: tuple) -> Iterator[Seen]:
     """In a worker of the real job: its Trainers recorded and fitted, and what it reports to Ray recorded and
     passed on."""
     from ray.train.v2._internal.execution.context import get_train_context
 
     live = get_train_context()
     forward = live.report
-    seen: dict[str, list] = {"fits": [], "reports": []}
+    seen = Seen(fits=[], reports=[])
 
     def recorded(metrics, checkpoint=None, checkpoint_dir_name=None):
         seen["reports"].append({key: _number(value) for key, value in metrics.items()})
