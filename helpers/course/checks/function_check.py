@@ -159,8 +159,8 @@ class Seen(dict):
 
 @dataclass(frozen=True)
 class Watched:
-    """What the judge gets of a call whose ``around`` watched it (its context yielded a record): what the call
-    returned (collected), and the :class:`Seen` of ``around``."""
+    """What the judge gets of a call whose ``around`` watched it (its context yielded a :class:`Seen`): what the
+    call returned (collected), and what ``around`` saw."""
 
     returned: Any
     seen: Any
@@ -224,8 +224,8 @@ class FunctionCheck:
             store, a library's look at the cluster patched, the rank and working directory a training case sets.
             Where it yields a :class:`Seen` (filled with the Trainers the call fits), the judge gets a
             :class:`Watched` of the result and what was seen, read when the call has ended (in a rank: written to its
-            report). A call that ``around``
-            stops at ``fit`` (:class:`~helpers.course.checks.ranks.FitStopped`) returned nothing.
+            report). A call that ``around`` stops at ``fit`` (:class:`~helpers.course.checks.ranks.FitStopped`)
+            returned nothing.
         passed_namespace: appended to ``passed`` where there were such cases; ``{m}`` is their number; or a function
             of those cases that says what they showed (the lesson's own numbers).
     """
