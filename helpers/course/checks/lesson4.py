@@ -536,7 +536,14 @@ def _ddp_call(args: tuple, local_mode: bool) -> str:
     return f"train_converter, val_converter, {args[2]}, settings, local_mode={local_mode}"
 
 
-_DDP_DECLARED = dict(answer="ddp_train", fixed=(), forbid=_DDP_HELPERS, effect_only=True, passed="")
+def _remove_checkpoints(case: tuple, _made: Call) -> None:
+    """Remove the checkpoint folder of the case's settings (the check's own, see :func:`_quick`)."""
+    shutil.rmtree(case[0][3].default_dir, ignore_errors=True)
+
+
+_DDP_DECLARED = dict(
+    answer="ddp_train", fixed=(), forbid=_DDP_HELPERS, cleanup=_remove_checkpoints, effect_only=True, passed=""
+)
 
 #: ``ddp_train(train_converter, val_converter, class_count, settings, local_mode)``: what TorchDistributor runs.
 #: Called here as ranks of simulated ``torchrun`` jobs (other world sizes, both modes, settings of the check's own,
@@ -553,7 +560,6 @@ ddp_training_function = register("4.3")(
                 arguments=lambda case: Call(case[0], {"local_mode": case[1]}),
                 around=_simulated_rank,
                 judge=_simulated_problem,
-                cleanup=lambda case, _made: shutil.rmtree(case[0][3].default_dir, ignore_errors=True),
                 hint="read RANK, WORLD_SIZE and LOCAL_WORLD_SIZE from os.environ and train with the settings given",
                 passed_namespace="the right Trainer in both modes",
             ),
@@ -568,7 +574,6 @@ ddp_training_function = register("4.3")(
                 around=_fits_recorded,
                 collect=lambda _result, _case: True,  # only whether it returned: a Trainer need not come back
                 judge=_workers_problem,
-                cleanup=lambda case, _made: shutil.rmtree(case[0][3].default_dir, ignore_errors=True),
                 hint=(
                     "ddp_train runs in every TorchDistributor process on the workers: use only its arguments and "
                     "what it imports there (not the notebook's spark or other globals)"
